@@ -1,0 +1,61 @@
+"""Trains or evaluates a ResNet: the command line of tf-resnet.
+
+  python resnet_main.py --dataset=cifar10 \
+      --train_data_path='cifar-10-batches-bin/data_batch*' \
+      --eval_data_path=cifar-10-batches-bin/test_batch.bin \
+      --log_root=/tmp/resnet_model --model=resnet20
+
+  python resnet_main.py --mode=eval --eval_once ...   # separate eval job
+
+TensorBoard: `tensorboard --logdir=/tmp/resnet_model`.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import keras  # noqa: E402
+from absl import app, logging  # noqa: E402
+
+from tf_resnet import flags as resnet_flags  # noqa: E402
+from tf_resnet import train_loop  # noqa: E402
+from tf_resnet.distribute import make_mode  # noqa: E402
+from tf_resnet.errors import UserInputError  # noqa: E402
+
+FLAGS = resnet_flags.FLAGS
+
+
+def run(argv):
+    del argv
+    try:
+        config = resnet_flags.config_from_flags()
+        mode = make_mode(FLAGS.distribution, FLAGS.num_gpus, FLAGS.cpu_replicas)
+        keras.utils.set_random_seed(FLAGS.seed)
+        try:
+            if FLAGS.mode == "train":
+                result = train_loop.train(config, mode)
+                logging.info("done: %s", result)
+            else:
+                train_loop.evaluate_only(config, mode)
+        finally:
+            mode.shutdown()
+    except (UserInputError, FileNotFoundError) as error:
+        print(f"resnet_main: error: {error}", file=sys.stderr)
+        return 2
+    except train_loop.TrainingDiverged as error:
+        print(f"resnet_main: training diverged: {error}", file=sys.stderr)
+        return 3
+    except train_loop.TrainingInterrupted as error:
+        print(f"resnet_main: stopped: {error}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main():
+    resnet_flags.define_all()
+    app.run(lambda argv: sys.exit(run(argv)))
+
+
+if __name__ == "__main__":
+    main()

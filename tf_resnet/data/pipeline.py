@@ -1,0 +1,86 @@
+"""The tf.data pipeline shared by every data source.
+
+A source hands over a dataset of *elements* in file order (raw CIFAR records,
+or image paths with labels) plus two functions: `element_fn` decodes one
+element before batching (JPEG decoding), `batch_fn` turns a batch into
+`(images float32 [B, H, W, 3], labels int32 [B])`. This module adds the parts
+that must be the same for every source:
+
+* sharding (one shard per Horovod rank or tf.distribute input pipeline);
+* a seeded shuffle and stateless, per-batch-seeded augmentation, so the
+  stream of training batches is a pure function of `(seed, step)`. A run
+  resumed at step `s` skips `s` batches of *undecoded* elements and then sees
+  exactly the batches an uninterrupted run would have seen;
+* parallel decoding and prefetching with AUTOTUNE.
+"""
+
+import tensorflow as tf
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def make_pipeline(
+    elements,
+    batch_fn,
+    *,
+    training,
+    batch_size,
+    element_fn=None,
+    seed=0,
+    start_step=0,
+    num_shards=1,
+    shard_index=0,
+    shuffle_buffer=10_000,
+    cache=False,
+):
+    """Builds the input pipeline around a source's elements.
+
+    Args:
+      elements: `tf.data.Dataset` of undecoded elements, in file order.
+      batch_fn: `fn(batch, seed) -> (images, labels)`, applied per batch;
+        `seed` is a stateless-RNG seed `[2]` unique to the batch (training)
+        or `None` (evaluation).
+      training: shuffle, repeat forever and augment; otherwise every element
+        exactly once, in order, with a final partial batch.
+      batch_size: examples per batch of this pipeline (per replica/rank).
+      element_fn: optional per-element decoder applied before batching.
+      seed: seed of the shuffle and of the augmentation.
+      start_step: training batches to skip (the step a run resumes at).
+      num_shards: number of input pipelines reading disjoint shards.
+      shard_index: which shard this pipeline reads.
+      shuffle_buffer: elements in the shuffle buffer.
+      cache: keep the undecoded elements in memory after the first epoch.
+
+    Returns:
+      A `tf.data.Dataset` of `(images, labels)` batches.
+    """
+    ds = elements
+    if num_shards > 1:
+        ds = ds.shard(num_shards, shard_index)
+    if cache:
+        ds = ds.cache()
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.repeat()
+        if start_step:
+            ds = ds.skip(start_step * batch_size)
+    options = tf.data.Options()
+    options.deterministic = True
+    ds = ds.with_options(options)
+    if element_fn is not None:
+        ds = ds.map(element_fn, num_parallel_calls=AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=training)
+    if training:
+        base_seed = tf.constant([seed, shard_index], tf.int64)
+        ds = ds.enumerate(start=start_step).map(
+            lambda step, batch: batch_fn(batch, _batch_seed(base_seed, step)),
+            num_parallel_calls=AUTOTUNE,
+        )
+    else:
+        ds = ds.map(lambda batch: batch_fn(batch, None), AUTOTUNE)
+    return ds.prefetch(AUTOTUNE)
+
+
+def _batch_seed(base_seed, step):
+    """A stateless-RNG seed that depends only on the run seed and the step."""
+    return tf.random.experimental.stateless_fold_in(base_seed, step)

@@ -1,0 +1,128 @@
+"""The interface between the training loop and a distribution mode.
+
+One class per mode, in the manner of tf_cnn_benchmarks' `VariableMgr`
+classes: the training loop (`tf_resnet.train_loop`) calls only the methods
+below and never asks which mode it runs under. A mode decides
+
+* where variables live (`scope`),
+* how the global batch is split and which shard of the data each input
+  pipeline reads (`distribute_dataset`, `eval_shard`),
+* how one replica step runs and how gradients combine (`run`,
+  `all_reduce_gradients`),
+* what crosses processes at the edges of a step (`after_step`,
+  `broadcast_initial_state`, `all_reduce_sum`, `synchronize`),
+* which process writes checkpoints and summaries (`is_chief`).
+"""
+
+import contextlib
+
+import tensorflow as tf
+
+from tf_resnet.errors import UserInputError
+
+
+class DistributionMode:
+    """Single process, one device: the default `tf.distribute` strategy.
+
+    Subclasses override what differs. Attributes:
+      name: the `--distribution` value.
+      num_replicas: replicas the global batch is split over (all devices of
+        all processes).
+      replicas_per_update: replicas whose gradients are summed into one
+        optimizer update (`num_replicas` for synchronous SGD, 1 for modes
+        where replicas update on their own, like async parameter servers or
+        local steps between weight averages). Losses are normalised by
+        `replica_batch * replicas_per_update`, so the combined gradient is
+        always the mean over the examples of one update.
+      is_chief: this process writes checkpoints, summaries and plots.
+    """
+
+    name = "default"
+    num_replicas = 1
+    replicas_per_update = 1
+    is_chief = True
+
+    def scope(self):
+        """Context in which the model, optimizer and metrics are created."""
+        return contextlib.nullcontext()
+
+    def distribute_dataset(self, dataset_fn):
+        """Returns an iterator of per-replica batches.
+
+        Args:
+          dataset_fn: `fn(num_shards, shard_index, replica_batch)` returning
+            the `tf.data.Dataset` of one input pipeline.
+        """
+        return iter(dataset_fn(1, 0, self._replica_batch))
+
+    def eval_shard(self):
+        """`(num_shards, shard_index)` of the evaluation data for this process."""
+        return 1, 0
+
+    def set_global_batch(self, global_batch):
+        """Checks and records the global batch size."""
+        if global_batch % self.num_replicas:
+            raise UserInputError(
+                f"--batch_size={global_batch} is not divisible by the "
+                f"{self.num_replicas} replicas of --distribution={self.name}"
+            )
+        self._replica_batch = global_batch // self.num_replicas
+
+    @property
+    def replica_batch(self):
+        return self._replica_batch
+
+    def make_train_step(self, replica_fn):
+        """Compiles one training step: next batch, `replica_fn` on every replica.
+
+        Returns:
+          `fn(iterator)` returning the step's metrics summed over replicas
+          (for asynchronous modes, a handle that `fetch` resolves).
+        """
+
+        @tf.function
+        def train_step(iterator):
+            return self.reduce_sum(self.run(replica_fn, next(iterator)))
+
+        return train_step
+
+    def fetch(self, value):
+        """Resolves what a train step returned into numpy values."""
+        return tf.nest.map_structure(lambda v: v.numpy(), value)
+
+    def run(self, replica_fn, args):
+        """Runs `replica_fn(*args)` on every replica; returns per-replica values."""
+        return replica_fn(*args)
+
+    def reduce_sum(self, per_replica_value):
+        """Sums a per-replica value over the replicas of this process."""
+        return per_replica_value
+
+    def all_reduce_gradients(self, grads):
+        """Combines gradients across replicas before `apply_gradients`.
+
+        tf.distribute strategies return them unchanged (the Keras optimizer
+        sums over the strategy's replicas itself); Horovod sums over ranks.
+        """
+        return grads
+
+    def all_reduce_sum(self, values):
+        """Sums numpy values over processes (evaluation counts, metrics)."""
+        return values
+
+    def broadcast_initial_state(self, model, optimizer):
+        """Makes every process start from the same weights and slots."""
+
+    def after_step(self, step, model, optimizer):
+        """Hook after each optimizer step (e.g. periodic weight averaging)."""
+
+    def synchronize(self, model):
+        """Makes every replica's copy of the model identical.
+
+        Called before evaluation and checkpointing. Modes whose replicas keep
+        their own BatchNorm moving statistics average them here, so replicas
+        never disagree in accuracy.
+        """
+
+    def shutdown(self):
+        """Releases the mode's resources (collectives, cluster)."""

@@ -1,0 +1,221 @@
+"""Residual blocks shared by every ResNet in the package.
+
+`BasicBlock` (two 3x3 convs) and `Bottleneck` (1x1, 3x3, 1x1 with 4x
+expansion) are Keras layers, so a 1202-layer network is a short functional
+graph of a few stages rather than thousands of nodes (Keras' graph walk is
+recursive and overflows Python's stack on deep flat graphs).
+
+Where the shape changes (stride 2 or a different channel count) the shortcut
+is either a 1x1 strided projection + BN (`"projection"`, option B of the
+paper, the torchvision default) or stride-2 subsampling with zero-padded
+extra channels (`"zero_pad"`, option A, no parameters).
+"""
+
+import keras
+from keras import layers
+
+BN_MOMENTUM = 0.9
+BN_EPSILON = 1e-5
+
+
+def conv(filters, kernel_size, strides=1, name=None):
+    """Bias-free 'same' convolution with He initialisation."""
+    return layers.Conv2D(
+        filters,
+        kernel_size,
+        strides=strides,
+        padding="same",
+        use_bias=False,
+        kernel_initializer="he_normal",
+        name=name,
+    )
+
+
+def batch_norm(name=None, sync=False):
+    """Batch norm with the momentum/epsilon of the reference implementations.
+
+    `sync=True` all-reduces the batch statistics over the replicas of a
+    `tf.distribute` strategy: every replica normalises with the statistics of
+    the global batch, as a single device would.
+    """
+    return layers.BatchNormalization(
+        momentum=BN_MOMENTUM, epsilon=BN_EPSILON, synchronized=sync, name=name
+    )
+
+
+class ZeroPadShortcut(layers.Layer):
+    """Option-A shortcut: stride subsampling, zero-padded extra channels."""
+
+    def __init__(self, out_channels, strides, **kwargs):
+        super().__init__(**kwargs)
+        self.out_channels = out_channels
+        self.strides = strides
+
+    def call(self, x, training=None):
+        del training  # No state: the same in training and inference.
+        x = x[:, :: self.strides, :: self.strides, :]
+        extra = self.out_channels - x.shape[-1]
+        return keras.ops.pad(
+            x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]]
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "out_channels": self.out_channels,
+            "strides": self.strides,
+        }
+
+
+class ProjectionShortcut(layers.Layer):
+    """Option-B shortcut: 1x1 strided convolution followed by batch norm."""
+
+    def __init__(self, out_channels, strides, sync_bn=False, **kwargs):
+        super().__init__(**kwargs)
+        self.conv = conv(out_channels, 1, strides, name="conv")
+        self.bn = batch_norm("bn", sync_bn)
+
+    def call(self, x, training=None):
+        return self.bn(self.conv(x), training=training)
+
+
+def make_shortcut(kind, in_channels, out_channels, strides, sync_bn):
+    """The shortcut layer for a block, or `None` for a plain identity."""
+    if strides == 1 and in_channels == out_channels:
+        return None
+    if kind == "zero_pad":
+        return ZeroPadShortcut(out_channels, strides, name="shortcut")
+    if kind == "projection":
+        return ProjectionShortcut(
+            out_channels, strides, sync_bn, name="shortcut"
+        )
+    raise ValueError(f"shortcut must be 'zero_pad' or 'projection': {kind!r}")
+
+
+class BasicBlock(layers.Layer):
+    """Two 3x3 convolutions with a residual connection.
+
+    Args:
+      filters: output channels.
+      strides: stride of the first convolution (and of the shortcut).
+      shortcut: `"projection"` or `"zero_pad"`, used on a shape change.
+      preact: pre-activation ordering (ResNet v2): BN-ReLU before each conv,
+        no ReLU after the addition.
+      sync_bn: synchronised batch statistics across replicas.
+    """
+
+    expansion = 1
+
+    def __init__(
+        self,
+        filters,
+        strides=1,
+        shortcut="projection",
+        preact=False,
+        sync_bn=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.filters = filters
+        self.strides = strides
+        self.shortcut_kind = shortcut
+        self.preact = preact
+        self.sync_bn = sync_bn
+        self.conv1 = conv(filters, 3, strides, name="conv1")
+        self.bn1 = batch_norm("bn1", sync_bn)
+        self.conv2 = conv(filters, 3, name="conv2")
+        self.bn2 = batch_norm("bn2", sync_bn)
+
+    def build(self, input_shape):
+        self.shortcut = make_shortcut(
+            self.shortcut_kind,
+            input_shape[-1],
+            self.filters * self.expansion,
+            self.strides,
+            self.sync_bn,
+        )
+
+    def call(self, x, training=None):
+        if self.preact:
+            return self._call_preact(x, training)
+        residual = x if self.shortcut is None else self.shortcut(x, training=training)
+        y = keras.ops.relu(self.bn1(self.conv1(x), training=training))
+        y = self.bn2(self.conv2(y), training=training)
+        return keras.ops.relu(y + residual)
+
+    def _call_preact(self, x, training):
+        pre = keras.ops.relu(self.bn1(x, training=training))
+        # A projection reads the pre-activated input, as in He et al. v2.
+        residual = x if self.shortcut is None else self.shortcut(pre, training=training)
+        y = self.conv1(pre)
+        y = self.conv2(keras.ops.relu(self.bn2(y, training=training)))
+        return y + residual
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "strides": self.strides,
+            "shortcut": self.shortcut_kind,
+            "preact": self.preact,
+            "sync_bn": self.sync_bn,
+        }
+
+
+class Bottleneck(layers.Layer):
+    """1x1 reduce, 3x3, 1x1 expand (x4) with a residual connection.
+
+    The stride sits on the 3x3 convolution (the torchvision "ResNet v1.5"
+    placement). Args as `BasicBlock`; output channels are `4 * filters`.
+    """
+
+    expansion = 4
+
+    def __init__(
+        self, filters, strides=1, shortcut="projection", sync_bn=False, **kw
+    ):
+        super().__init__(**kw)
+        self.filters = filters
+        self.strides = strides
+        self.shortcut_kind = shortcut
+        self.sync_bn = sync_bn
+        self.conv1 = conv(filters, 1, name="conv1")
+        self.bn1 = batch_norm("bn1", sync_bn)
+        self.conv2 = conv(filters, 3, strides, name="conv2")
+        self.bn2 = batch_norm("bn2", sync_bn)
+        self.conv3 = conv(filters * self.expansion, 1, name="conv3")
+        self.bn3 = batch_norm("bn3", sync_bn)
+
+    build = BasicBlock.build
+
+    def call(self, x, training=None):
+        residual = x if self.shortcut is None else self.shortcut(x, training=training)
+        y = keras.ops.relu(self.bn1(self.conv1(x), training=training))
+        y = keras.ops.relu(self.bn2(self.conv2(y), training=training))
+        y = self.bn3(self.conv3(y), training=training)
+        return keras.ops.relu(y + residual)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "strides": self.strides,
+            "shortcut": self.shortcut_kind,
+            "sync_bn": self.sync_bn,
+        }
+
+
+def stage(block, filters, num_blocks, strides, name, **block_options):
+    """A `keras.Sequential` of `num_blocks` blocks; the first one strides."""
+    return keras.Sequential(
+        [
+            block(
+                filters,
+                strides if index == 0 else 1,
+                name=f"block{index}",
+                **block_options,
+            )
+            for index in range(num_blocks)
+        ],
+        name=name,
+    )

@@ -1,0 +1,392 @@
+"""The one training loop, for every dataset, model and distribution mode.
+
+A custom `GradientTape` loop (not `model.fit`) because the distribution
+modes need hooks `fit` does not offer: gradient all-reduce across Horovod
+ranks, weight averaging between local steps, asynchronous dispatch to
+parameter servers. The loop only talks to the `DistributionMode` interface.
+
+Losses are summed over a replica's examples and divided by the examples of
+one optimizer update (`replica_batch * mode.replicas_per_update`); the mode
+sums gradients over the replicas of an update. Weight decay is the paper's
+L2 penalty `wd/2 * ||w||^2` on conv and dense kernels, divided the same way.
+"""
+
+import dataclasses
+import math
+import os
+import signal
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from tf_resnet import data, evaluation, models, schedules, summaries
+from tf_resnet.errors import UserInputError
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM/SIGINT arrived; a final checkpoint was written."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything a training or evaluation run needs (filled from flags)."""
+
+    dataset: str = "cifar10"
+    train_data_path: str = ""
+    eval_data_path: str = ""
+    data_source: str = "binary"
+    log_root: str = "/tmp/resnet_model"
+    train_dir: str = ""
+    eval_dir: str = ""
+    model: str = "resnet20"
+    model_options: dict = dataclasses.field(default_factory=dict)
+    image_size: int | None = None
+    batch_size: int = 128
+    eval_batch_size: int = 0
+    train_steps: int = 0
+    train_epochs: float = 0.0
+    base_learning_rate: float = 0.1
+    lr_decay_fractions: tuple = (0.5, 0.75)
+    lr_decay_rate: float = 0.1
+    warmup_epochs: float = 0.0
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    seed: int = 0
+    log_every_steps: int = 100
+    eval_every_steps: int = 0
+    eval_batch_count: int = 0
+    eval_once: bool = False
+    eval_timeout_secs: float = 3600.0
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 5
+    shuffle_buffer: int = 10_000
+
+    def __post_init__(self):
+        self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
+        self.eval_dir = self.eval_dir or os.path.join(self.log_root, "eval")
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """Step counts derived from the data size and the config."""
+
+    num_train_examples: int
+    steps_per_epoch: int
+    total_steps: int
+    eval_every_steps: int
+    checkpoint_every_steps: int
+    warmup_steps: int
+
+
+def plan_run(config):
+    """Derives step counts; validates the training files on the way."""
+    num_train = data.num_examples(
+        config.dataset, config.train_data_path, config.data_source
+    )
+    steps_per_epoch = max(1, num_train // config.batch_size)
+    if config.train_steps:
+        total = config.train_steps
+    elif config.train_epochs:
+        total = max(1, math.ceil(config.train_epochs * steps_per_epoch))
+    else:
+        total = 64_000  # The paper's CIFAR schedule, at batch 128.
+    eval_every = config.eval_every_steps or steps_per_epoch
+    return RunPlan(
+        num_train_examples=num_train,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total,
+        eval_every_steps=eval_every,
+        checkpoint_every_steps=config.checkpoint_every_steps or eval_every,
+        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+    )
+
+
+def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
+    """Creates the model and SGD optimizer (with slots) inside the mode's scope."""
+    info = data.DATASETS[config.dataset]
+    size = config.image_size or info.image_size
+    update_batch = mode.replica_batch * mode.replicas_per_update
+    with mode.scope():
+        model = models.build_model(
+            config.model, info.num_classes, (size, size, 3), **config.model_options
+        )
+        schedule = schedules.make_schedule(
+            config.base_learning_rate,
+            update_batch,
+            total_steps,
+            config.lr_decay_fractions,
+            config.lr_decay_rate,
+            warmup_steps,
+        )
+        optimizer = keras.optimizers.SGD(schedule, momentum=config.momentum)
+        optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def decayed_variables(model):
+    """Conv and dense kernels: the variables weight decay applies to."""
+    return [v for v in model.trainable_variables if v.path.endswith("kernel")]
+
+
+def make_replica_fn(model, optimizer, mode, config):
+    """One replica's forward, backward and update on its batch."""
+    update_examples = float(mode.replica_batch * mode.replicas_per_update)
+    decay_scale = config.weight_decay / 2.0 / mode.replicas_per_update
+    kernels = decayed_variables(model)
+
+    def replica_fn(images, labels):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(images, training=True), tf.float32)
+            losses = keras.losses.sparse_categorical_crossentropy(
+                labels, logits, from_logits=True
+            )
+            loss = tf.reduce_sum(losses) / update_examples
+            if kernels:
+                loss += decay_scale * tf.add_n(
+                    [tf.reduce_sum(tf.square(tf.cast(k, tf.float32))) for k in kernels]
+                )
+            scaled_loss = optimizer.scale_loss(loss)
+        variables = model.trainable_variables
+        grads = mode.all_reduce_gradients(tape.gradient(scaled_loss, variables))
+        optimizer.apply_gradients(zip(grads, variables))
+        correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
+        return {
+            "loss_sum": tf.reduce_sum(losses),
+            "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
+            "examples": tf.cast(tf.size(labels), tf.float32),
+        }
+
+    return replica_fn
+
+
+class _StopSignal:
+    """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
+
+    def __init__(self):
+        self.received = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # Not the main thread: leave signals alone.
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        del frame
+        self.received = signal.Signals(signum).name
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class _Progress:
+    """Accumulates step metrics between log lines and prints progress."""
+
+    def __init__(self, mode, plan, global_batch, start_step):
+        self.mode = mode
+        self.plan = plan
+        self.global_batch = global_batch
+        self.pending = []
+        self.start_step = start_step
+        self.interval_start = (start_step, time.time())
+
+    def add(self, step_metrics):
+        self.pending.append(step_metrics)
+
+    def flush(self, step, learning_rate):
+        """Fetches pending metrics; returns a dict for the summaries."""
+        if not self.pending:
+            return None
+        totals = {"loss_sum": 0.0, "correct": 0.0, "examples": 0.0}
+        for metrics in self.pending:
+            for key, value in self.mode.fetch(metrics).items():
+                totals[key] += float(value)
+        self.pending = []
+        first_step, first_time = self.interval_start
+        now = time.time()
+        self.interval_start = (step, now)
+        steps_done = step - first_step
+        images_per_sec = steps_done * self.global_batch / max(now - first_time, 1e-9)
+        examples = max(totals["examples"], 1.0)
+        result = {
+            "loss": totals["loss_sum"] / examples,
+            "accuracy": totals["correct"] / examples,
+            "learning_rate": learning_rate,
+            "images_per_sec": images_per_sec,
+        }
+        remaining = (self.plan.total_steps - step) * self.global_batch
+        logging.info(
+            "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, lr %.4g, "
+            "%.1f images/sec, ETA %s",
+            step,
+            self.plan.total_steps,
+            100.0 * step / self.plan.total_steps,
+            step / self.plan.steps_per_epoch,
+            result["loss"],
+            result["accuracy"],
+            learning_rate,
+            images_per_sec,
+            _format_eta(remaining / max(images_per_sec, 1e-9)),
+        )
+        return result
+
+
+def _format_eta(seconds):
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def restore_checkpoint(checkpoint, manager, log_root):
+    """Restores the latest checkpoint, if any; returns its path or None.
+
+    Raises:
+      UserInputError: the checkpoint does not fit the model (another
+        architecture or class count), naming the checkpoint.
+    """
+    path = manager.latest_checkpoint
+    if path is None:
+        return None
+    try:
+        checkpoint.restore(path).assert_existing_objects_matched()
+    except (AssertionError, ValueError, tf.errors.OpError) as error:
+        first_line = str(error).strip().splitlines()[0][:300]
+        raise UserInputError(
+            f"{path}: checkpoint in --log_root={log_root} does not match this "
+            f"model/optimizer ({first_line}); use a fresh --log_root or the "
+            "flags the checkpoint was trained with"
+        ) from error
+    return path
+
+
+def train(config, mode):
+    """Trains (resuming from `config.log_root` if it has a checkpoint).
+
+    Returns:
+      dict with the final `step` and last evaluation `precision`.
+    """
+    plan = plan_run(config)
+    mode.set_global_batch(config.batch_size)
+    model, optimizer = build_model_and_optimizer(
+        config, mode, plan.total_steps, plan.warmup_steps
+    )
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(
+        checkpoint, config.log_root, max_to_keep=config.keep_checkpoints
+    )
+    restored = restore_checkpoint(checkpoint, manager, config.log_root)
+    mode.broadcast_initial_state(model, optimizer)
+    step = int(optimizer.iterations.numpy())
+    if restored:
+        logging.info("resumed from %s at step %d", restored, step)
+    logging.info(
+        "training %s on %s: %d examples, %d steps/epoch, %d steps, global "
+        "batch %d over %d replica(s) (%s)",
+        config.model, config.dataset, plan.num_train_examples,
+        plan.steps_per_epoch, plan.total_steps, config.batch_size,
+        mode.num_replicas, mode.name,
+    )
+
+    def dataset_fn(num_shards, shard_index, batch_size):
+        return data.build_dataset(
+            config.dataset,
+            config.train_data_path,
+            training=True,
+            batch_size=batch_size,
+            source=config.data_source,
+            seed=config.seed,
+            start_step=step,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            shuffle_buffer=config.shuffle_buffer,
+            image_size=config.image_size,
+        )
+
+    iterator = mode.distribute_dataset(dataset_fn)
+    train_step = mode.make_train_step(
+        make_replica_fn(model, optimizer, mode, config)
+    )
+    eval_step = evaluation.make_eval_step(model)
+    eval_dataset = evaluation.build_eval_dataset(config, mode)
+    writers = summaries.Writers(config.train_dir, config.eval_dir, mode.is_chief)
+    history = summaries.EvalHistory(config.log_root, title=config.model)
+    progress = _Progress(mode, plan, config.batch_size, step)
+    last_eval = {}
+
+    def learning_rate():
+        return float(optimizer.learning_rate.numpy())
+
+    def log_train_metrics():
+        result = progress.flush(step, learning_rate())
+        if result is None:
+            return
+        if not math.isfinite(result["loss"]):
+            raise TrainingDiverged(
+                f"loss is {result['loss']} at step {step}; last good checkpoint: "
+                f"{manager.latest_checkpoint or 'none'}"
+            )
+        writers.write(writers.train, step, result)
+
+    def save():
+        mode.synchronize(model)
+        if mode.is_chief:
+            manager.save(checkpoint_number=step)
+
+    def run_eval():
+        mode.synchronize(model)
+        result = evaluation.evaluate(
+            eval_step, eval_dataset, mode, config.eval_batch_count
+        )
+        best = result["precision"]
+        if mode.is_chief:
+            best = history.record(
+                step, step / plan.steps_per_epoch, result["precision"], result["loss"]
+            )
+            writers.write_eval(step, result, best)
+        logging.info(
+            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d examples",
+            step, result["precision"], best, result["loss"], result["examples"],
+        )
+        last_eval.update(result)
+
+    with _StopSignal() as stop:
+        while step < plan.total_steps:
+            progress.add(train_step(iterator))
+            step += 1
+            mode.after_step(step, model, optimizer)
+            last = step == plan.total_steps
+            if step % config.log_every_steps == 0 or last:
+                log_train_metrics()
+            if step % plan.checkpoint_every_steps == 0 or last:
+                log_train_metrics()
+                save()
+            if step % plan.eval_every_steps == 0 or last:
+                run_eval()
+            if stop.received:
+                log_train_metrics()
+                save()
+                writers.close()
+                raise TrainingInterrupted(
+                    f"{stop.received} at step {step}: checkpoint written to "
+                    f"{manager.latest_checkpoint}"
+                )
+    writers.close()
+    return {"step": step, **last_eval}
+
+
+def evaluate_only(config, mode):
+    """`--mode=eval`: the separate evaluation job of the original example."""
+    plan = plan_run(config)
+    mode.set_global_batch(config.batch_size)
+    model, _ = build_model_and_optimizer(config, mode, plan.total_steps)
+    evaluation.continuous_eval(config, mode, model, plan.steps_per_epoch)
+
