@@ -16,6 +16,7 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
 from tf_resnet import flags as resnet_flags  # noqa: E402
@@ -31,7 +32,9 @@ def run(argv):
     try:
         config = resnet_flags.config_from_flags()
         mode = make_mode(FLAGS.distribution, FLAGS.num_gpus, FLAGS.cpu_replicas)
-        keras.utils.set_random_seed(FLAGS.seed)
+        keras.config.set_dtype_policy(FLAGS.dtype)
+        if FLAGS.deterministic:
+            tf.config.experimental.enable_op_determinism()
         try:
             if FLAGS.mode == "train":
                 result = train_loop.train(config, mode)
@@ -53,6 +56,7 @@ def run(argv):
 
 
 def main():
+    tf.get_logger().setLevel("WARNING")  # TF's per-step INFO chatter.
     resnet_flags.define_all()
     app.run(lambda argv: sys.exit(run(argv)))
 

@@ -42,10 +42,12 @@ build_horovod_wheel() {
   local gpu_ops=()
   if [[ "$TF_PIN" == *and-cuda* ]]; then gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL); fi
   mkdir -p "$WHEELS.tmp"
+  # --no-cache-dir: pip caches built wheels by version only, so a horovod
+  # wheel built against another TensorFlow would be reused silently.
   env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 "${gpu_ops[@]}" \
     MAKEFLAGS="-j$(nproc)" \
-    "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps \
+    "$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps \
     -w "$WHEELS.tmp" "horovod==$HOROVOD_VERSION"
   rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
 }

@@ -19,7 +19,15 @@ FLAGS = flags.FLAGS
 def define_data_flags():
     flags.DEFINE_enum("dataset", "cifar10", sorted(data.DATASETS), "Dataset.")
     flags.DEFINE_string(
-        "data_source", "binary", "On-disk format: binary (official CIFAR binaries)."
+        "data_source", "binary", "On-disk format: binary (official CIFAR "
+        "binaries), pickle (official CIFAR python pickles: data_batch_*, "
+        "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
+        "tensorflow-datasets in --tfds_data_dir; never downloads), folder "
+        "(--dataset=tinyimagenet: tiny-imagenet-200 root as both data paths)."
+    )
+    flags.DEFINE_string(
+        "tfds_data_dir", "", "--data_source=tfds: TFDS data dir of the "
+        "prepared dataset (empty: ~/tensorflow_datasets), for both splits."
     )
     flags.DEFINE_string(
         "train_data_path", "", "Glob of training files, e.g. "
@@ -54,6 +62,14 @@ def define_run_flags():
     flags.DEFINE_integer("eval_every_steps", 0, "Evaluate while training every N steps (0: each epoch).")
     flags.DEFINE_integer("checkpoint_every_steps", 0, "Checkpoint every N steps (0: at each evaluation).")
     flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept in log_root.")
+    flags.DEFINE_integer(
+        "steps_per_run", 0, "Stop (with a checkpoint) after this many steps in "
+        "this invocation; rerun to continue. For time-sliced batch queues."
+    )
+    flags.DEFINE_bool(
+        "deterministic", False, "tf.config.experimental.enable_op_determinism(): "
+        "bit-identical runs and resumes, somewhat slower."
+    )
     flags.DEFINE_integer("log_every_steps", 100, "Progress line and train summaries every N steps.")
     flags.DEFINE_integer("seed", 0, "Seed of weights, shuffling and augmentation.")
 
@@ -84,6 +100,114 @@ def define_training_flags():
     flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on kernels.")
 
 
+def define_performance_flags():
+    flags.DEFINE_enum(
+        "dtype", "float32", ["float32", "float64", "mixed_bfloat16", "mixed_float16"],
+        "Keras dtype policy. mixed_float16 (GPU) adds loss scaling; float64 is "
+        "for numerical verification.",
+    )
+
+
+def define_finetune_flags():
+    """Presets, model variants and ImageNet fine-tuning."""
+    flags.DEFINE_enum(
+        "preset", None, sorted(PRESETS), "Hyperparameters of a course "
+        "assignment (docs/recipes.md); flags given explicitly still win."
+    )
+    flags.DEFINE_enum(
+        "stem", None, ["imagenet", "cifar"], "resnet18/34/50: 7x7/2 conv + "
+        "max pool (ImageNet, default) or 3x3/1 conv (small images)."
+    )
+    flags.DEFINE_float(
+        "dropout_rate", None, "course_resnet: dropout after the first conv."
+    )
+    flags.DEFINE_string(
+        "pretrained", "", "Start from ImageNet weights: 'imagenet' (Keras' "
+        "ResNet50 file in ~/.keras/models/, resnet50 only) or a local "
+        "torchvision state dict (.pth/.npz/.safetensors, resnet18/34/50). "
+        "The classifier is re-initialised for the dataset's classes."
+    )
+    flags.DEFINE_float(
+        "freeze_backbone_epochs", 0, "Train only the classifier for this "
+        "many epochs (backbone BatchNorm in inference mode), then everything."
+    )
+    flags.DEFINE_float(
+        "backbone_lr_multiplier", 1.0, "Learning rate of everything but the "
+        "classifier, relative to --learning_rate.", lower_bound=0.0
+    )
+
+
+# Starting points for the course's assignments; docs/recipes.md says why.
+PRESETS = {
+    "course_cifar100": {
+        "dataset": "cifar100",
+        "model": "course_resnet",
+        "train_epochs": 60,
+        "batch_size": 128,
+        "learning_rate": 0.1,
+        "lr_decay_fractions": ["0.5", "0.75"],
+        "weight_decay": 5e-4,
+    },
+    "course_tinyimagenet": {
+        "dataset": "tinyimagenet",
+        "data_source": "folder",
+        "model": "course_resnet",
+        "train_epochs": 40,
+        "batch_size": 128,
+        "learning_rate": 0.1,
+        "lr_decay_fractions": ["0.5", "0.75"],
+        "weight_decay": 5e-4,
+    },
+    "resnet18_cifar100": {
+        "dataset": "cifar100",
+        "model": "resnet18",
+        "stem": "imagenet",
+        "image_size": 224,
+        "train_epochs": 10,
+        "batch_size": 128,
+        "learning_rate": 0.01,
+        "lr_decay_fractions": ["0.5", "0.75"],
+        "weight_decay": 5e-4,
+        "freeze_backbone_epochs": 1,
+        "backbone_lr_multiplier": 0.1,
+    },
+}
+
+
+def apply_preset():
+    """Gives the flags left at their defaults the values of `--preset`."""
+    if not FLAGS.preset:
+        return
+    for name, value in PRESETS[FLAGS.preset].items():
+        try:
+            FLAGS.set_default(name, value)
+        except flags.Error as error:
+            raise UserInputError(f"--preset={FLAGS.preset}: {error}") from None
+    if FLAGS.freeze_backbone_epochs and not FLAGS.pretrained:
+        raise UserInputError(
+            f"--preset={FLAGS.preset} fine-tunes ImageNet weights: pass "
+            "--pretrained=PATH (e.g. torchvision's resnet18-f37072fd.pth)"
+        )
+
+
+def finetune_model_options():
+    """Model options from --stem/--dropout_rate, checked against --model."""
+    options = {}
+    if FLAGS.stem:
+        if FLAGS.model not in ("resnet18", "resnet34", "resnet50"):
+            raise UserInputError(
+                f"--stem is for resnet18/34/50, not {FLAGS.model}"
+            )
+        options["stem"] = FLAGS.stem
+    if FLAGS.dropout_rate is not None:
+        if FLAGS.model != "course_resnet":
+            raise UserInputError(
+                f"--dropout_rate is for course_resnet, not {FLAGS.model}"
+            )
+        options["dropout_rate"] = FLAGS.dropout_rate
+    return options
+
+
 def define_distribution_flags():
     flags.DEFINE_enum(
         "distribution", "auto", list(DISTRIBUTIONS), "How replicas combine: auto "
@@ -94,22 +218,35 @@ def define_distribution_flags():
         "cpu_replicas", 1, "Split the CPU into N logical devices (to exercise "
         "MirroredStrategy without GPUs)."
     )
+    flags.DEFINE_integer(
+        "average_every", 1, "--distribution=averaging: local steps per rank "
+        "between weight averages (1: synchronous SGD at 1/ranks of the rate).",
+        lower_bound=1,
+    )
 
 
 def define_all():
     define_data_flags()
     define_run_flags()
     define_training_flags()
+    define_finetune_flags()
     define_distribution_flags()
+    define_performance_flags()
 
 
 def check_flags():
     """Rejects contradictory flags with one clear message."""
     if FLAGS.eval_once and FLAGS.mode != "eval":
         raise UserInputError("--eval_once only makes sense with --mode=eval")
-    if FLAGS.mode == "train" and not FLAGS.train_data_path:
+    if FLAGS.data_source == "tfds":
+        if FLAGS.train_data_path or FLAGS.eval_data_path:
+            raise UserInputError(
+                "--data_source=tfds reads --tfds_data_dir; drop "
+                "--train_data_path/--eval_data_path"
+            )
+    elif FLAGS.mode == "train" and not FLAGS.train_data_path:
         raise UserInputError("--mode=train needs --train_data_path")
-    if not FLAGS.eval_data_path:
+    elif not FLAGS.eval_data_path:
         raise UserInputError("--eval_data_path is required (evaluation runs in both modes)")
     if FLAGS.batch_size <= 0:
         raise UserInputError(f"--batch_size must be positive, got {FLAGS.batch_size}")
@@ -117,16 +254,19 @@ def check_flags():
 
 def config_from_flags():
     """A `TrainConfig` from the parsed flags."""
+    apply_preset()
     check_flags()
-    model_options = {}
+    model_options = finetune_model_options()
     if FLAGS.shortcut:
         model_options["shortcut"] = FLAGS.shortcut
     if FLAGS.sync_bn:
         model_options["sync_bn"] = True
     return TrainConfig(
         dataset=FLAGS.dataset,
-        train_data_path=FLAGS.train_data_path or FLAGS.eval_data_path,
-        eval_data_path=FLAGS.eval_data_path,
+        train_data_path=(
+            FLAGS.train_data_path or FLAGS.eval_data_path or FLAGS.tfds_data_dir
+        ),
+        eval_data_path=FLAGS.eval_data_path or FLAGS.tfds_data_dir,
         data_source=FLAGS.data_source,
         log_root=FLAGS.log_root,
         train_dir=FLAGS.train_dir,
@@ -152,5 +292,9 @@ def config_from_flags():
         eval_timeout_secs=FLAGS.eval_timeout_secs,
         checkpoint_every_steps=FLAGS.checkpoint_every_steps,
         keep_checkpoints=FLAGS.keep_checkpoints,
+        steps_per_run=FLAGS.steps_per_run,
         shuffle_buffer=FLAGS.shuffle_buffer,
+        pretrained=FLAGS.pretrained,
+        freeze_backbone_epochs=FLAGS.freeze_backbone_epochs,
+        backbone_lr_multiplier=FLAGS.backbone_lr_multiplier,
     )

@@ -23,6 +23,7 @@ from absl import logging
 
 from tf_resnet import data, evaluation, models, schedules, summaries
 from tf_resnet.errors import UserInputError
+from tf_resnet.models import pretrained
 
 
 class TrainingInterrupted(Exception):
@@ -65,7 +66,11 @@ class TrainConfig:
     eval_timeout_secs: float = 3600.0
     checkpoint_every_steps: int = 0
     keep_checkpoints: int = 5
+    steps_per_run: int = 0
     shuffle_buffer: int = 10_000
+    pretrained: str = ""
+    freeze_backbone_epochs: float = 0.0
+    backbone_lr_multiplier: float = 1.0
 
     def __post_init__(self):
         self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
@@ -109,12 +114,18 @@ def plan_run(config):
 
 def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
     """Creates the model and SGD optimizer (with slots) inside the mode's scope."""
-    info = data.DATASETS[config.dataset]
+    info = data.dataset_info(
+        config.dataset, config.train_data_path, config.data_source
+    )
     size = config.image_size or info.image_size
     update_batch = mode.replica_batch * mode.replicas_per_update
     with mode.scope():
         model = models.build_model(
-            config.model, info.num_classes, (size, size, 3), **config.model_options
+            config.model,
+            info.num_classes,
+            (size, size, 3),
+            pretrained=config.pretrained or None,
+            **config.model_options,
         )
         schedule = schedules.make_schedule(
             config.base_learning_rate,
@@ -125,6 +136,9 @@ def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
             warmup_steps,
         )
         optimizer = keras.optimizers.SGD(schedule, momentum=config.momentum)
+        if keras.config.dtype_policy().name == "mixed_float16":
+            # float16 gradients underflow without loss scaling (GPU path).
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
     return model, optimizer
 
@@ -142,22 +156,30 @@ def make_replica_fn(model, optimizer, mode, config):
 
     def replica_fn(images, labels):
         with tf.GradientTape() as tape:
-            logits = tf.cast(model(images, training=True), tf.float32)
+            logits = model(images, training=True)
+            # Losses in float32 at least, also under 16-bit mixed precision.
+            dtype = tf.float64 if logits.dtype == tf.float64 else tf.float32
+            logits = tf.cast(logits, dtype)
             losses = keras.losses.sparse_categorical_crossentropy(
                 labels, logits, from_logits=True
             )
             loss = tf.reduce_sum(losses) / update_examples
             if kernels:
                 loss += decay_scale * tf.add_n(
-                    [tf.reduce_sum(tf.square(tf.cast(k, tf.float32))) for k in kernels]
+                    [tf.reduce_sum(tf.square(tf.cast(k, dtype))) for k in kernels]
                 )
             scaled_loss = optimizer.scale_loss(loss)
         variables = model.trainable_variables
-        grads = mode.all_reduce_gradients(tape.gradient(scaled_loss, variables))
+        grads = pretrained.scale_backbone_gradients(
+            tape.gradient(scaled_loss, variables),
+            variables,
+            config.backbone_lr_multiplier,
+        )
+        grads = mode.all_reduce_gradients(grads)
         optimizer.apply_gradients(zip(grads, variables))
         correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
         return {
-            "loss_sum": tf.reduce_sum(losses),
+            "loss_sum": tf.cast(tf.reduce_sum(losses), tf.float32),
             "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
             "examples": tf.cast(tf.size(labels), tf.float32),
         }
@@ -276,6 +298,7 @@ def train(config, mode):
     """
     plan = plan_run(config)
     mode.set_global_batch(config.batch_size)
+    keras.utils.set_random_seed(config.seed)
     model, optimizer = build_model_and_optimizer(
         config, mode, plan.total_steps, plan.warmup_steps
     )
@@ -312,9 +335,19 @@ def train(config, mode):
         )
 
     iterator = mode.distribute_dataset(dataset_fn)
-    train_step = mode.make_train_step(
-        make_replica_fn(model, optimizer, mode, config)
-    )
+    freeze_steps = round(config.freeze_backbone_epochs * plan.steps_per_epoch)
+    frozen = step < freeze_steps
+
+    def make_train_step():
+        # A traced step keeps the variable list and BatchNorm mode it was
+        # traced with, so (un)freezing the backbone needs a new one.
+        if freeze_steps:
+            pretrained.set_backbone_trainable(model, not frozen)
+        return mode.make_train_step(
+            make_replica_fn(model, optimizer, mode, config)
+        )
+
+    train_step = make_train_step()
     eval_step = evaluation.make_eval_step(model)
     eval_dataset = evaluation.build_eval_dataset(config, mode)
     writers = summaries.Writers(config.train_dir, config.eval_dir, mode.is_chief)
@@ -358,18 +391,28 @@ def train(config, mode):
         )
         last_eval.update(result)
 
+    run_until = plan.total_steps
+    if config.steps_per_run:
+        run_until = min(run_until, step + config.steps_per_run)
     with _StopSignal() as stop:
-        while step < plan.total_steps:
+        while step < run_until:
+            if frozen and step >= freeze_steps:
+                logging.info("step %d: unfreezing the backbone", step)
+                frozen = False
+                train_step = make_train_step()
             progress.add(train_step(iterator))
             step += 1
             mode.after_step(step, model, optimizer)
-            last = step == plan.total_steps
-            if step % config.log_every_steps == 0 or last:
+            final = step == plan.total_steps
+            pause = step == run_until  # End of this run, maybe not of training.
+            if step % config.log_every_steps == 0 or pause:
                 log_train_metrics()
-            if step % plan.checkpoint_every_steps == 0 or last:
+            if step % plan.checkpoint_every_steps == 0 or pause:
                 log_train_metrics()
                 save()
-            if step % plan.eval_every_steps == 0 or last:
+            # Evaluation follows the schedule only, so a run split into
+            # pieces has the same eval history as an uninterrupted one.
+            if step % plan.eval_every_steps == 0 or final:
                 run_eval()
             if stop.received:
                 log_train_metrics()

@@ -6,7 +6,7 @@ and returns batches of `(images float32 [B, H, W, 3], labels int32 [B])`.
 
 import dataclasses
 
-from tf_resnet.data import cifar_binary
+from tf_resnet.data import cifar_binary, cifar_pickle, tfds_source, tinyimagenet
 from tf_resnet.errors import UserInputError
 
 
@@ -21,11 +21,18 @@ class DatasetInfo:
 DATASETS = {
     "cifar10": DatasetInfo(num_classes=10, image_size=32),
     "cifar100": DatasetInfo(num_classes=100, image_size=32),
+    # The class count is read from train/ (see tinyimagenet.info).
+    "tinyimagenet": DatasetInfo(num_classes=200, image_size=64),
 }
 
 _SOURCES = {
     ("cifar10", "binary"): cifar_binary,
     ("cifar100", "binary"): cifar_binary,
+    ("cifar10", "pickle"): cifar_pickle,
+    ("cifar100", "pickle"): cifar_pickle,
+    ("cifar10", "tfds"): tfds_source,
+    ("cifar100", "tfds"): tfds_source,
+    ("tinyimagenet", "folder"): tinyimagenet,
 }
 
 
@@ -66,6 +73,18 @@ def build_dataset(
     return _source(dataset, source).build(
         dataset, file_pattern, training, batch_size, **options
     )
+
+
+def dataset_info(dataset, file_pattern, source="binary"):
+    """Class count and native image size of a dataset.
+
+    Sources whose class count comes from the data (TinyImageNet folders)
+    define `info(dataset, file_pattern)`; the others use `DATASETS`.
+    """
+    module = _source(dataset, source)
+    if hasattr(module, "info"):
+        return module.info(dataset, file_pattern)
+    return DATASETS[dataset]
 
 
 def num_examples(dataset, file_pattern, source="binary"):

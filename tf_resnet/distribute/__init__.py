@@ -5,11 +5,15 @@ the `DistributionMode` interface in `base.py`.
 """
 
 import tensorflow as tf
+from absl import flags
 
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import UserInputError
 
-DISTRIBUTIONS = ("auto", "default", "mirrored")
+DISTRIBUTIONS = ("auto", "default", "mirrored", "horovod", "averaging")
+# One process per replica, launched by horovodrun/mpirun; Horovod is imported
+# only when one of these is asked for, so other modes work without it.
+HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
 
 
 def configure_devices(num_gpus, cpu_replicas=1):
@@ -46,14 +50,20 @@ def configure_devices(num_gpus, cpu_replicas=1):
     return None
 
 
-def make_mode(distribution="auto", num_gpus=0, cpu_replicas=1):
+def make_mode(
+    distribution="auto", num_gpus=0, cpu_replicas=1, average_every=None
+):
     """Creates the distribution mode named by `--distribution`.
 
     Args:
       distribution: `auto` (mirrored over several devices, else default),
-        `default` or `mirrored`.
+        `default`, `mirrored`, `horovod` (synchronous all-reduce over
+        processes) or `averaging` (local steps, weights averaged over
+        processes every `average_every` steps).
       num_gpus: GPUs on this machine to use.
       cpu_replicas: logical CPU devices (used when `num_gpus == 0`).
+      average_every: steps between weight averages of `averaging`;
+        `None` reads `--average_every`.
 
     Returns:
       A `base.DistributionMode`.
@@ -62,6 +72,10 @@ def make_mode(distribution="auto", num_gpus=0, cpu_replicas=1):
         raise UserInputError(
             f"unknown --distribution={distribution}; known: "
             f"{', '.join(DISTRIBUTIONS)}"
+        )
+    if distribution in HOROVOD_DISTRIBUTIONS:
+        return _horovod_mode(
+            distribution, num_gpus, cpu_replicas, average_every
         )
     devices = configure_devices(num_gpus, cpu_replicas)
     if distribution == "mirrored" or (
@@ -73,3 +87,27 @@ def make_mode(distribution="auto", num_gpus=0, cpu_replicas=1):
             tf.distribute.OneDeviceStrategy(devices[0]), "default"
         )
     return tf_strategy.default_mode()
+
+
+def _horovod_mode(distribution, num_gpus, cpu_replicas, average_every):
+    """A Horovod mode: one device per process, chosen by the local rank."""
+    if num_gpus > 1 or cpu_replicas > 1:
+        raise UserInputError(
+            f"--distribution={distribution} runs one device per process: "
+            "drop --num_gpus/--cpu_replicas and launch one rank per device "
+            "with horovodrun -np N"
+        )
+    from tf_resnet.distribute import averaging, horovod_mode
+
+    if distribution == "horovod":
+        return horovod_mode.HorovodMode()
+    if average_every is None:
+        average_every = _flag_value("average_every", 1)
+    return averaging.AveragingMode(average_every)
+
+
+def _flag_value(name, default):
+    """A parsed absl flag's value, or `default` outside the command line."""
+    if name in flags.FLAGS and flags.FLAGS.is_parsed():
+        return flags.FLAGS[name].value
+    return default

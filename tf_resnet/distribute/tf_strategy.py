@@ -24,16 +24,15 @@ class StrategyMode(base.DistributionMode):
         return self.strategy.scope()
 
     def distribute_dataset(self, dataset_fn):
-        def input_fn(context):
-            return dataset_fn(
-                context.num_input_pipelines,
-                context.input_pipeline_id,
-                context.get_per_replica_batch_size(
-                    self.replica_batch * self.num_replicas
-                ),
-            )
+        """One pipeline of global batches, split evenly over the replicas.
 
-        return iter(self.strategy.distribute_datasets_from_function(input_fn))
+        Each step then sees exactly the examples (and augmentation) that a
+        single device would see with the same global batch, so training is
+        the same function of `(seed, step)` whatever the replica count.
+        """
+        global_batch = self.replica_batch * self.num_replicas
+        dataset = dataset_fn(1, 0, global_batch)
+        return iter(self.strategy.experimental_distribute_dataset(dataset))
 
     def run(self, replica_fn, args):
         return self.strategy.run(replica_fn, args=args)

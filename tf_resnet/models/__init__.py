@@ -7,7 +7,8 @@ from logits in the training loop.
 import functools
 
 from tf_resnet.errors import UserInputError
-from tf_resnet.models import cifar_resnet
+from tf_resnet.models import cifar_resnet, course_resnet, imagenet_resnet
+from tf_resnet.models import pretrained as pretrained_weights
 
 _CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
 
@@ -19,15 +20,25 @@ for _depth in _CIFAR_DEPTHS:
     MODELS[f"resnet{_depth}_v2"] = functools.partial(
         cifar_resnet.cifar_resnet, _depth, version=2
     )
+MODELS["course_resnet"] = course_resnet.course_resnet
+for _depth in imagenet_resnet.LAYOUTS:
+    MODELS[f"resnet{_depth}"] = functools.partial(
+        imagenet_resnet.imagenet_resnet, _depth
+    )
 
 
-def build_model(name, num_classes, input_shape=(32, 32, 3), **options):
+def build_model(
+    name, num_classes, input_shape=(32, 32, 3), pretrained=None, **options
+):
     """Builds a registered model.
 
     Args:
-      name: one of `MODELS` (`resnet20` ... `resnet1202`, `..._v2`).
+      name: one of `MODELS` (`resnet20` ... `resnet1202`, `..._v2`,
+        `course_resnet`, `resnet18`, `resnet34`, `resnet50`).
       num_classes: size of the classifier.
       input_shape: `(H, W, 3)` of the input images.
+      pretrained: `"imagenet"` or a weights file to start from (see
+        `tf_resnet.models.pretrained`); `None` for random initialisation.
       **options: model-specific options, e.g. `shortcut="B"`,
         `sync_bn=True`.
 
@@ -40,6 +51,14 @@ def build_model(name, num_classes, input_shape=(32, 32, 3), **options):
         raise UserInputError(
             f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}"
         ) from None
-    return factory(
-        num_classes=num_classes, input_shape=tuple(input_shape), **options
+    build_fn = functools.partial(
+        factory,
+        num_classes=num_classes,
+        input_shape=tuple(input_shape),
+        **options,
     )
+    if pretrained:
+        return pretrained_weights.build(
+            name, pretrained, build_fn, num_classes, tuple(input_shape), options
+        )
+    return build_fn()

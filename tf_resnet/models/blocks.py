@@ -18,8 +18,23 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
-def conv(filters, kernel_size, strides=1, name=None):
-    """Bias-free 'same' convolution with He initialisation."""
+def conv(filters, kernel_size, strides=1, name=None, symmetric=False):
+    """Bias-free 'same' convolution with He initialisation.
+
+    `symmetric=True` pads a strided convolution by `kernel_size // 2` on
+    every side, as torch does; Keras' 'same' puts all the padding of a
+    stride-2 convolution of an even input on the bottom/right, which shifts
+    every window by one pixel and breaks weights imported from torchvision.
+    """
+    if symmetric and strides > 1 and kernel_size > 1:
+        return SymmetricPadConv2D(
+            filters,
+            kernel_size,
+            strides=strides,
+            use_bias=False,
+            kernel_initializer="he_normal",
+            name=name,
+        )
     return layers.Conv2D(
         filters,
         kernel_size,
@@ -29,6 +44,35 @@ def conv(filters, kernel_size, strides=1, name=None):
         kernel_initializer="he_normal",
         name=name,
     )
+
+
+class SymmetricPadConv2D(layers.Conv2D):
+    """A 'valid' convolution of the input zero-padded by `k // 2` per side."""
+
+    def __init__(self, filters, kernel_size, **kwargs):
+        kwargs["padding"] = "valid"
+        super().__init__(filters, kernel_size, **kwargs)
+
+    def _paddings(self):
+        return [(k // 2, k // 2) for k in self.kernel_size]
+
+    def call(self, inputs):
+        """Pads the input symmetrically, then convolves without padding."""
+        return super().call(
+            keras.ops.pad(inputs, [(0, 0), *self._paddings(), (0, 0)])
+        )
+
+    def compute_output_shape(self, input_shape):
+        """The 'valid' output shape of the padded input."""
+        padded = [
+            None if size is None else size + before + after
+            for size, (before, after) in zip(
+                input_shape[1:3], self._paddings(), strict=True
+            )
+        ]
+        return super().compute_output_shape(
+            (input_shape[0], *padded, input_shape[3])
+        )
 
 
 def batch_norm(name=None, sync=False):
@@ -102,6 +146,8 @@ class BasicBlock(layers.Layer):
       preact: pre-activation ordering (ResNet v2): BN-ReLU before each conv,
         no ReLU after the addition.
       sync_bn: synchronised batch statistics across replicas.
+      symmetric_padding: pad the strided 3x3 convolution like torch
+        (see `conv`), for weights imported from torchvision.
     """
 
     expansion = 1
@@ -113,6 +159,7 @@ class BasicBlock(layers.Layer):
         shortcut="projection",
         preact=False,
         sync_bn=False,
+        symmetric_padding=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -121,7 +168,10 @@ class BasicBlock(layers.Layer):
         self.shortcut_kind = shortcut
         self.preact = preact
         self.sync_bn = sync_bn
-        self.conv1 = conv(filters, 3, strides, name="conv1")
+        self.symmetric_padding = symmetric_padding
+        self.conv1 = conv(
+            filters, 3, strides, name="conv1", symmetric=symmetric_padding
+        )
         self.bn1 = batch_norm("bn1", sync_bn)
         self.conv2 = conv(filters, 3, name="conv2")
         self.bn2 = batch_norm("bn2", sync_bn)
@@ -159,6 +209,7 @@ class BasicBlock(layers.Layer):
             "shortcut": self.shortcut_kind,
             "preact": self.preact,
             "sync_bn": self.sync_bn,
+            "symmetric_padding": self.symmetric_padding,
         }
 
 
@@ -172,16 +223,25 @@ class Bottleneck(layers.Layer):
     expansion = 4
 
     def __init__(
-        self, filters, strides=1, shortcut="projection", sync_bn=False, **kw
+        self,
+        filters,
+        strides=1,
+        shortcut="projection",
+        sync_bn=False,
+        symmetric_padding=False,
+        **kw,
     ):
         super().__init__(**kw)
         self.filters = filters
         self.strides = strides
         self.shortcut_kind = shortcut
         self.sync_bn = sync_bn
+        self.symmetric_padding = symmetric_padding
         self.conv1 = conv(filters, 1, name="conv1")
         self.bn1 = batch_norm("bn1", sync_bn)
-        self.conv2 = conv(filters, 3, strides, name="conv2")
+        self.conv2 = conv(
+            filters, 3, strides, name="conv2", symmetric=symmetric_padding
+        )
         self.bn2 = batch_norm("bn2", sync_bn)
         self.conv3 = conv(filters * self.expansion, 1, name="conv3")
         self.bn3 = batch_norm("bn3", sync_bn)
@@ -202,6 +262,7 @@ class Bottleneck(layers.Layer):
             "strides": self.strides,
             "shortcut": self.shortcut_kind,
             "sync_bn": self.sync_bn,
+            "symmetric_padding": self.symmetric_padding,
         }
 
 

@@ -1,0 +1,95 @@
+"""`resnet_main.py` with two test hooks, for the multi-process tests.
+
+  horovodrun -np 2 -H localhost:2 --gloo python tests/hvd_worker.py \
+      --dump_dir=DIR --distribution=horovod ...  # any resnet_main flag
+
+* Registers two small models the tests need: `resnet8` (the smallest CIFAR
+  ResNet, with BatchNorm) and `pointwise_cnn`, a 1x1-conv network without
+  BatchNorm whose output depends only on the multiset of pixel values. On
+  images whose content stays clear of the 4-pixel crop margin it is
+  invariant to the random crop and flip, so runs whose ranks augment
+  differently still compute the same gradients.
+* Observes the run through the mode's `after_step` hook (nothing is
+  changed): after the first step each rank writes `DIR/rank<r>.pid`; at the
+  end it saves its weights to `DIR/weights_rank<r>.npz`.
+"""
+
+import functools
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+import resnet_main  # noqa: E402
+from tf_resnet import models  # noqa: E402
+from tf_resnet.models import cifar_resnet  # noqa: E402
+
+
+def pointwise_cnn(num_classes, input_shape=(32, 32, 3), **options):
+    del options
+    inputs = keras.Input(shape=input_shape)
+    x = keras.layers.Conv2D(8, 1, activation="relu", name="pixel_conv")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(num_classes, name="logits")(x)
+    return keras.Model(inputs, outputs, name="pointwise_cnn")
+
+
+models.MODELS["resnet8"] = functools.partial(
+    cifar_resnet.cifar_resnet, 8, version=1
+)
+models.MODELS["pointwise_cnn"] = pointwise_cnn
+
+flags.DEFINE_string("dump_dir", "", "Where ranks write pid and weights files.")
+
+
+def rank():
+    return int(os.environ.get("HOROVOD_RANK", "0"))
+
+
+def observe(mode):
+    """Wraps `mode.after_step` to remember the model and announce the pid."""
+    seen = {}
+    after_step = mode.after_step
+
+    def after_step_and_observe(step, model, optimizer):
+        after_step(step, model, optimizer)
+        if "model" not in seen:
+            seen["model"] = model
+            path = os.path.join(flags.FLAGS.dump_dir, f"rank{rank()}.pid")
+            with open(path, "w") as stream:
+                stream.write(str(os.getpid()))
+
+    mode.after_step = after_step_and_observe
+    return seen
+
+
+def run(argv):
+    seen = {}
+    make_mode = resnet_main.make_mode
+
+    def make_observed_mode(*args, **kwargs):
+        mode = make_mode(*args, **kwargs)
+        seen.update(observed=observe(mode))
+        return mode
+
+    resnet_main.make_mode = make_observed_mode
+    code = resnet_main.run(argv)
+    model = seen.get("observed", {}).get("model")
+    if model is not None:
+        path = os.path.join(flags.FLAGS.dump_dir, f"weights_rank{rank()}.npz")
+        np.savez(path, *model.get_weights())
+    return code
+
+
+def main():
+    resnet_main.resnet_flags.define_all()
+    app.run(lambda argv: sys.exit(run(argv)))
+
+
+if __name__ == "__main__":
+    main()

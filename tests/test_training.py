@@ -1,0 +1,144 @@
+"""The training loop end to end: learning, events, checkpoints, resume."""
+
+import csv
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_main
+from tensorboard.backend.event_processing import event_accumulator
+
+from tf_resnet import train_loop
+from tf_resnet.distribute import tf_strategy
+
+
+def config(synthetic, log_root, **overrides):
+    values = dict(
+        dataset="cifar10",
+        train_data_path=synthetic["train"],
+        eval_data_path=synthetic["eval"],
+        log_root=str(log_root),
+        model="resnet20",
+        batch_size=32,
+        train_steps=40,
+        log_every_steps=5,
+        eval_every_steps=20,
+        shuffle_buffer=1000,
+    )
+    values.update(overrides)
+    return train_loop.TrainConfig(**values)
+
+
+def scalars(directory, tag):
+    accumulator = event_accumulator.EventAccumulator(
+        directory, size_guidance={event_accumulator.TENSORS: 0}
+    )
+    accumulator.Reload()
+    return [
+        (event.step, float(tf.make_ndarray(event.tensor_proto)))
+        for event in accumulator.Tensors(tag)
+    ]
+
+
+def checkpoint_weights(log_root):
+    """Every variable of the latest checkpoint: weights, BN stats, slots."""
+    reader = tf.train.load_checkpoint(str(log_root))
+    return {
+        name: reader.get_tensor(name)
+        for name, _ in tf.train.list_variables(str(log_root))
+        if name.startswith(("model/", "optimizer/"))
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic_cifar, tmp_path_factory):
+    log_root = tmp_path_factory.mktemp("trained")
+    cfg = config(synthetic_cifar, log_root)
+    result = train_loop.train(cfg, tf_strategy.default_mode())
+    return cfg, result
+
+
+def test_training_learns_and_writes_tensorboard_events(trained):
+    cfg, result = trained
+    assert result["step"] == 40
+    losses = scalars(cfg.train_dir, "loss")
+    assert [step for step, _ in losses] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert np.mean([v for _, v in losses[-2:]]) < 0.8 * losses[0][1]
+    for tag in ("accuracy", "learning_rate", "images_per_sec"):
+        assert len(scalars(cfg.train_dir, tag)) == 8
+    precision = scalars(cfg.eval_dir, "Precision")
+    best = scalars(cfg.eval_dir, "Best Precision")
+    assert [step for step, _ in precision] == [20, 40]
+    assert best[-1][1] == pytest.approx(max(v for _, v in precision))
+    assert precision[-1][1] == pytest.approx(result["precision"])
+    assert result["precision"] > 0.2  # 10 classes: chance is 0.1.
+
+
+def test_eval_csv_and_learning_curve(trained):
+    cfg, result = trained
+    with open(os.path.join(cfg.log_root, "eval.csv")) as stream:
+        rows = list(csv.DictReader(stream))
+    assert [int(r["step"]) for r in rows] == [20, 40]
+    assert float(rows[-1]["precision"]) == pytest.approx(result["precision"])
+    # 1000 training examples / batch 32 = 31 steps per epoch.
+    assert float(rows[0]["epoch"]) == pytest.approx(20 / 31, abs=1e-3)
+    with open(os.path.join(cfg.log_root, "learning_curve.png"), "rb") as s:
+        assert s.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
+    straight = config(synthetic_cifar, tmp_path / "straight", train_steps=12,
+                      eval_every_steps=6, eval_batch_count=1)
+    train_loop.train(straight, tf_strategy.default_mode())
+    pieces = config(synthetic_cifar, tmp_path / "pieces", train_steps=12,
+                    eval_every_steps=6, eval_batch_count=1, steps_per_run=5)
+    steps = [train_loop.train(pieces, tf_strategy.default_mode())["step"]
+             for _ in range(3)]
+    assert steps == [5, 10, 12]
+    a = checkpoint_weights(tmp_path / "straight")
+    b = checkpoint_weights(tmp_path / "pieces")
+    assert a.keys() == b.keys() and len(a) > 100
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+    history = lambda root: [  # noqa: E731
+        row["step"] for row in csv.DictReader(open(root / "eval.csv"))]
+    assert history(tmp_path / "straight") == history(tmp_path / "pieces")
+
+
+def test_eval_mode_evaluates_latest_checkpoint_once(trained, tmp_path):
+    cfg, result = trained
+    eval_dir = tmp_path / "eval_once"
+    proc = run_main([
+        "--mode=eval", "--eval_once", f"--log_root={cfg.log_root}",
+        f"--eval_dir={eval_dir}", f"--eval_data_path={cfg.eval_data_path}",
+        f"--train_data_path={cfg.train_data_path}", "--batch_size=32",
+    ])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    precision = scalars(str(eval_dir), "Precision")
+    assert precision == [(40, pytest.approx(result["precision"], abs=1e-6))]
+    assert scalars(str(eval_dir), "Best Precision")[0][0] == 40
+
+
+def test_mirrored_two_devices_equals_one_device(synthetic_cifar, tmp_path):
+    common = [
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        "--train_steps=3", "--batch_size=16", "--eval_batch_count=1",
+        "--sync_bn", "--dtype=float64",
+    ]
+    one = run_main([*common, f"--log_root={tmp_path / 'one'}"])
+    two = run_main([*common, f"--log_root={tmp_path / 'two'}",
+                    "--cpu_replicas=2"])
+    assert one.returncode == 0, one.stderr[-2000:]
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "over 2 replica(s) (mirrored)" in two.stderr
+    a = checkpoint_weights(tmp_path / "one")
+    b = checkpoint_weights(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for name in a:
+        # In float64 only summation order differs between 1 and 2 devices.
+        # Unsynchronised BN misses this bound by orders of magnitude.
+        scale = np.max(np.abs(a[name])) + 1e-12
+        assert np.max(np.abs(a[name] - b[name])) <= 1e-9 * scale, name

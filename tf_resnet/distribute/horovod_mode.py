@@ -1,0 +1,116 @@
+"""Synchronous data parallelism over processes with Horovod.
+
+One process ("rank") per device, launched by `horovodrun` (or `mpirun`):
+
+  horovodrun -np 2 -H localhost:2 --gloo python resnet_main.py \
+      --distribution=horovod ...
+
+Each rank reads its own shard of the data, computes gradients of its part of
+the global batch and sums them with one fused all-reduce per step, so every
+rank applies the same update (the semantics of `hvd.DistributedGradientTape`).
+BatchNorm moving statistics are the one piece of state each rank updates from
+its own data; `synchronize` averages them before evaluation and checkpoints,
+so the ranks never disagree about the model they report.
+
+Horovod 0.28 predates Keras 3: its variable helpers call `tf.Variable`
+methods (`.ref()`) that Keras 3 variables lack (horovod issue 4290).
+`tf_variables` hands Horovod the `tf.Variable` behind each Keras variable;
+it is the only place that knows about this.
+"""
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from tf_resnet.distribute import base
+from tf_resnet.errors import UserInputError
+
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def tf_variables(variables):
+    """The `tf.Variable`s behind Keras 3 variables, which Horovod can handle."""
+    return [getattr(v, "value", v) for v in variables]
+
+
+def float_variables(variables):
+    """The floating-point variables (not step counters or RNG states)."""
+    return [v for v in variables if v.dtype in _FLOAT_DTYPES]
+
+
+def average_in_place(variables):
+    """Replaces each variable by its mean over ranks (one fused all-reduce)."""
+    if not variables:
+        return
+    means = hvd.grouped_allreduce(tf_variables(variables), op=hvd.Average)
+    for variable, mean in zip(variables, means, strict=True):
+        variable.assign(mean)
+
+
+def _pin_device():
+    """One GPU per rank (by local rank) when there are GPUs, else the CPU."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    if hvd.local_rank() >= len(gpus):
+        raise UserInputError(
+            f"{hvd.local_size()} Horovod ranks on this host but only "
+            f"{len(gpus)} GPU(s): launch at most one rank per GPU"
+        )
+    gpu = gpus[hvd.local_rank()]
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, "GPU")
+
+
+class HorovodMode(base.DistributionMode):
+    """Synchronous SGD: gradients summed over all ranks every step."""
+
+    name = "horovod"
+
+    def __init__(self):
+        hvd.init()
+        _pin_device()
+        self.num_replicas = hvd.size()
+        self.replicas_per_update = hvd.size()
+        self.is_chief = hvd.rank() == 0
+
+    def distribute_dataset(self, dataset_fn):
+        """Each rank reads its own shard: no example is seen twice a step."""
+        return iter(dataset_fn(hvd.size(), hvd.rank(), self.replica_batch))
+
+    def eval_shard(self):
+        """Every rank evaluates its shard; `all_reduce_sum` adds the counts."""
+        return hvd.size(), hvd.rank()
+
+    def all_reduce_gradients(self, grads):
+        """Sums over ranks; each loss is already divided by the global batch."""
+        return hvd.grouped_allreduce(list(grads), op=hvd.Sum)
+
+    def reduce_sum(self, per_replica_value):
+        """Step metrics of all ranks, so every rank logs the global loss."""
+        keys = sorted(per_replica_value)
+        totals = hvd.grouped_allreduce(
+            [per_replica_value[key] for key in keys], op=hvd.Sum
+        )
+        return dict(zip(keys, totals, strict=True))
+
+    def all_reduce_sum(self, values):
+        """Sums numpy values (evaluation counts) over ranks."""
+        return hvd.allreduce(tf.constant(values), op=hvd.Sum).numpy()
+
+    def broadcast_initial_state(self, model, optimizer):
+        """Rank 0's weights and slots win: fresh, or restored from a checkpoint.
+
+        The loop calls this after the restore, so a resumed run continues
+        from the chief's checkpoint on every rank.
+        """
+        hvd.broadcast_variables(
+            tf_variables(model.variables + optimizer.variables), root_rank=0
+        )
+
+    def synchronize(self, model):
+        """Averages BN moving statistics; trainable weights already agree."""
+        average_in_place(float_variables(model.non_trainable_variables))
+
+    def shutdown(self):
+        """Stops Horovod's background thread so the process can exit."""
+        hvd.shutdown()
