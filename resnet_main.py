@@ -21,15 +21,25 @@ from absl import app, logging  # noqa: E402
 
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet import train_loop  # noqa: E402
-from tf_resnet.distribute import make_mode  # noqa: E402
+from tf_resnet.distribute import (
+    make_mode,  # noqa: E402
+    parameter_server,  # noqa: E402
+)
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
 
 
 def run(argv):
+    """Runs the job the flags describe; returns the process exit code."""
     del argv
     try:
+        server = parameter_server.server_task(
+            FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index
+        )
+        if server:  # A ps or worker task: serve the cluster until killed.
+            parameter_server.run_server(server)
+            return 0
         config = resnet_flags.config_from_flags()
         mode = make_mode(FLAGS.distribution, FLAGS.num_gpus, FLAGS.cpu_replicas)
         keras.config.set_dtype_policy(FLAGS.dtype)
@@ -51,11 +61,12 @@ def run(argv):
         return 3
     except train_loop.TrainingInterrupted as error:
         print(f"resnet_main: stopped: {error}", file=sys.stderr)
-        return 130
+        return 128 + error.signum
     return 0
 
 
 def main():
+    """Entry point: parses flags with absl and exits with `run`'s code."""
     tf.get_logger().setLevel("WARNING")  # TF's per-step INFO chatter.
     resnet_flags.define_all()
     app.run(lambda argv: sys.exit(run(argv)))

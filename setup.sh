@@ -77,7 +77,7 @@ run_demo() {
   log "training resnet20 on generated shapes; TensorBoard: tensorboard --logdir=$log_root"
   .venv/bin/python resnet_main.py --dataset=cifar10 \
     --train_data_path="$data/data_batch*" --eval_data_path="$data/test_batch.bin" \
-    --log_root="$log_root" --model=resnet20 --train_epochs="${DEMO_EPOCHS:-15}" \
+    --log_root="$log_root" --model=resnet20 --train_epochs="${DEMO_EPOCHS:-10}" \
     --log_every_steps=20 "$@"
   log "learning curve: $log_root/learning_curve.png, results: $log_root/eval.csv"
 }

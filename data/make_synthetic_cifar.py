@@ -16,8 +16,16 @@ import os
 import numpy as np
 
 CLASSES = (
-    "disc", "square", "triangle", "ring", "cross",
-    "horizontal_bars", "vertical_bars", "diagonal", "dots", "frame",
+    "disc",
+    "square",
+    "triangle",
+    "ring",
+    "cross",
+    "horizontal_bars",
+    "vertical_bars",
+    "diagonal",
+    "dots",
+    "frame",
 )
 SIZE = 32
 
@@ -49,9 +57,13 @@ def _shape_mask(label, rng):
     if name == "diagonal":
         return inside & (np.abs(dy - dx) <= radius * 0.3)
     if name == "dots":
-        return inside & (np.floor(dy / 3) % 2 == 0) & (np.floor(dx / 3) % 2 == 0)
+        return (
+            inside & (np.floor(dy / 3) % 2 == 0) & (np.floor(dx / 3) % 2 == 0)
+        )
     # frame: the outline of a square.
-    return inside & ((np.abs(dy) >= radius * 0.65) | (np.abs(dx) >= radius * 0.65))
+    return inside & (
+        (np.abs(dy) >= radius * 0.65) | (np.abs(dx) >= radius * 0.65)
+    )
 
 
 def make_images(count, seed):
@@ -66,7 +78,9 @@ def make_images(count, seed):
         image = np.clip(background + noise, 0, 255)
         colour = rng.uniform(0, 255, size=3)
         # Keep the shape visible: push its colour away from the background.
-        colour = np.where(np.abs(colour - background) < 60, 255 - background, colour)
+        colour = np.where(
+            np.abs(colour - background) < 60, 255 - background, colour
+        )
         image[_shape_mask(label, rng)] = colour
         images[index] = image.astype(np.uint8)
     return images, labels.astype(np.uint8)
@@ -96,6 +110,7 @@ def write_dataset(output_dir, train_per_batch=1000, test_count=1000, seed=0):
 
 
 def main():
+    """Command line: writes the dataset where --output_dir says."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output_dir", default="datasets/synthetic")
     parser.add_argument("--train_per_batch", type=int, default=1000)
@@ -105,8 +120,10 @@ def main():
     folder = write_dataset(
         args.output_dir, args.train_per_batch, args.test_count, args.seed
     )
-    print(f"wrote {5 * args.train_per_batch} train and {args.test_count} test "
-          f"images to {folder}")
+    print(
+        f"wrote {5 * args.train_per_batch} train and {args.test_count} test "
+        f"images to {folder}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`resnet_main.py` with two test hooks, for the multi-process tests.
+"""`resnet_main.py` with test hooks, for the multi-process tests.
 
   horovodrun -np 2 -H localhost:2 --gloo python tests/hvd_worker.py \
       --dump_dir=DIR --distribution=horovod ...  # any resnet_main flag
@@ -9,9 +9,10 @@
   images whose content stays clear of the 4-pixel crop margin it is
   invariant to the random crop and flip, so runs whose ranks augment
   differently still compute the same gradients.
-* Observes the run through the mode's `after_step` hook (nothing is
-  changed): after the first step each rank writes `DIR/rank<r>.pid`; at the
-  end it saves its weights to `DIR/weights_rank<r>.npz`.
+* Observes the run without changing it, writing into `--dump_dir`:
+  `pid_rank<r>.txt` and `first_rank<r>.npz` (weights) after the first step,
+  `weights_rank<r>.npz` at the end, and one line per checkpoint written by
+  this rank in `saves_rank<r>.txt`.
 """
 
 import functools
@@ -23,11 +24,15 @@ sys.path.insert(0, ROOT)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import resnet_main  # noqa: E402
 from tf_resnet import models  # noqa: E402
 from tf_resnet.models import cifar_resnet  # noqa: E402
+
+flags.DEFINE_string("dump_dir", "", "Where each rank writes what it observed.")
+FLAGS = flags.FLAGS
 
 
 def pointwise_cnn(num_classes, input_shape=(32, 32, 3), **options):
@@ -44,28 +49,37 @@ models.MODELS["resnet8"] = functools.partial(
 )
 models.MODELS["pointwise_cnn"] = pointwise_cnn
 
-flags.DEFINE_string("dump_dir", "", "Where ranks write pid and weights files.")
+
+def dump_path(name):
+    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    return os.path.join(FLAGS.dump_dir, f"{name}_rank{rank}")
 
 
-def rank():
-    return int(os.environ.get("HOROVOD_RANK", "0"))
-
-
-def observe(mode):
-    """Wraps `mode.after_step` to remember the model and announce the pid."""
-    seen = {}
+def observe_mode(mode, seen):
+    """Wraps `mode.after_step` to keep the model and mark the first step."""
     after_step = mode.after_step
 
     def after_step_and_observe(step, model, optimizer):
         after_step(step, model, optimizer)
         if "model" not in seen:
             seen["model"] = model
-            path = os.path.join(flags.FLAGS.dump_dir, f"rank{rank()}.pid")
-            with open(path, "w") as stream:
+            np.savez(dump_path("first") + ".npz", *model.get_weights())
+            with open(dump_path("pid") + ".txt", "w") as stream:
                 stream.write(str(os.getpid()))
 
     mode.after_step = after_step_and_observe
-    return seen
+
+
+def observe_checkpoints():
+    save = tf.train.CheckpointManager.save
+
+    def save_and_observe(manager, *args, **kwargs):
+        path = save(manager, *args, **kwargs)
+        with open(dump_path("saves") + ".txt", "a") as stream:
+            stream.write(f"{path}\n")
+        return path
+
+    tf.train.CheckpointManager.save = save_and_observe
 
 
 def run(argv):
@@ -74,15 +88,14 @@ def run(argv):
 
     def make_observed_mode(*args, **kwargs):
         mode = make_mode(*args, **kwargs)
-        seen.update(observed=observe(mode))
+        observe_mode(mode, seen)
         return mode
 
     resnet_main.make_mode = make_observed_mode
+    observe_checkpoints()
     code = resnet_main.run(argv)
-    model = seen.get("observed", {}).get("model")
-    if model is not None:
-        path = os.path.join(flags.FLAGS.dump_dir, f"weights_rank{rank()}.npz")
-        np.savez(path, *model.get_weights())
+    if "model" in seen:
+        np.savez(dump_path("weights") + ".npz", *seen["model"].get_weights())
     return code
 
 

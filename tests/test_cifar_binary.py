@@ -20,7 +20,9 @@ def standardized(images):
 
 
 def collect(dataset):
-    images, labels = zip(*[(i.numpy(), l.numpy()) for i, l in dataset])
+    images, labels = zip(
+        *[(x.numpy(), y.numpy()) for x, y in dataset], strict=True
+    )
     return np.concatenate(images), np.concatenate(labels)
 
 
@@ -44,13 +46,20 @@ def test_training_stream_is_deterministic_and_resumable(tmp_path):
     pattern = str(tmp_path / "t.bin")
 
     def batches(start_step, count, seed=7):
-        ds = build_dataset("cifar10", pattern, True, 8, seed=seed,
-                           start_step=start_step, shuffle_buffer=64)
-        return [(i.numpy(), l.numpy()) for i, l in ds.take(count)]
+        ds = build_dataset(
+            "cifar10",
+            pattern,
+            True,
+            8,
+            seed=seed,
+            start_step=start_step,
+            shuffle_buffer=64,
+        )
+        return [(x.numpy(), y.numpy()) for x, y in ds.take(count)]
 
     full = batches(0, 12)
     resumed = batches(9, 3)
-    for (a_img, a_lab), (b_img, b_lab) in zip(full[9:], resumed):
+    for (a_img, a_lab), (b_img, b_lab) in zip(full[9:], resumed, strict=True):
         np.testing.assert_array_equal(a_lab, b_lab)
         np.testing.assert_array_equal(a_img, b_img)
     other_seed = batches(0, 1, seed=8)
@@ -60,27 +69,43 @@ def test_training_stream_is_deterministic_and_resumable(tmp_path):
 
 def test_training_augmentation_crops_and_flips_the_original(tmp_path):
     images, labels = write_cifar_records(tmp_path / "t.bin", "cifar10", 16)
-    ds = build_dataset("cifar10", str(tmp_path / "t.bin"), True, 16,
-                       shuffle_buffer=1, pad=0)
+    ds = build_dataset(
+        "cifar10", str(tmp_path / "t.bin"), True, 16, shuffle_buffer=1, pad=0
+    )
     got, got_labels = next(iter(ds))
     np.testing.assert_array_equal(got_labels.numpy(), labels)
     expected = standardized(images)
     flipped = standardized(images[:, :, ::-1])
     for index in range(16):
-        matches = [np.allclose(got[index], e[index], atol=1e-4)
-                   for e in (expected, flipped)]
+        matches = [
+            np.allclose(got[index], e[index], atol=1e-4)
+            for e in (expected, flipped)
+        ]
         assert any(matches)
 
 
 def test_shards_partition_the_eval_records(tmp_path):
     _, labels = write_cifar_records(tmp_path / "t.bin", "cifar10", 23)
     parts = [
-        collect(build_dataset("cifar10", str(tmp_path / "t.bin"), False, 5,
-                              num_shards=2, shard_index=i))[1]
+        collect(
+            build_dataset(
+                "cifar10",
+                str(tmp_path / "t.bin"),
+                False,
+                5,
+                num_shards=2,
+                shard_index=i,
+            )
+        )[1]
         for i in (0, 1)
     ]
     np.testing.assert_array_equal(parts[0], labels[0::2])
     np.testing.assert_array_equal(parts[1], labels[1::2])
+
+
+def _read(path):
+    with open(path, "rb") as stream:
+        return stream.read()
 
 
 def _write(path, data):
@@ -108,14 +133,14 @@ def test_bad_input_names_the_file(tmp_path, case, dataset, expected):
         _write(path, b"")
     elif case == "truncated":
         write_cifar_records(path, "cifar10", 4)
-        _write(path, open(path, "rb").read()[:-100])
+        _write(path, _read(path)[:-100])
     elif case == "cifar100_as_cifar10":
         write_cifar_records(path, "cifar100", 3073)  # 3073*3074 bytes.
     elif case == "cifar10_as_cifar100":
         write_cifar_records(path, "cifar10", 5)
     elif case == "bad_label":
         write_cifar_records(path, "cifar10", 5)
-        raw = bytearray(open(path, "rb").read())
+        raw = bytearray(_read(path))
         raw[3 * 3073] = 200
         _write(path, bytes(raw))
     before = os.listdir(tmp_path)
@@ -128,7 +153,12 @@ def test_bad_input_names_the_file(tmp_path, case, dataset, expected):
 
 def test_image_size_option_resizes(tmp_path):
     write_cifar_records(tmp_path / "t.bin", "cifar10", 4)
-    images, _ = next(iter(build_dataset(
-        "cifar10", str(tmp_path / "t.bin"), False, 4, image_size=64)))
+    images, _ = next(
+        iter(
+            build_dataset(
+                "cifar10", str(tmp_path / "t.bin"), False, 4, image_size=64
+            )
+        )
+    )
     assert images.shape == (4, 64, 64, 3)
     assert tf.reduce_all(tf.math.is_finite(images))

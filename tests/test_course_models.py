@@ -85,7 +85,11 @@ def test_course_resnet_dropout_is_configurable():
 
 @pytest.mark.parametrize(
     "name, torchvision_params",
-    [("resnet18", 11_689_512), ("resnet34", 21_797_672), ("resnet50", 25_557_032)],
+    [
+        ("resnet18", 11_689_512),
+        ("resnet34", 21_797_672),
+        ("resnet50", 25_557_032),
+    ],
 )
 def test_imagenet_resnets_match_torchvision_parameter_counts(
     name, torchvision_params

@@ -51,6 +51,12 @@ def checkpoint_weights(log_root):
     }
 
 
+def eval_rows(log_root):
+    """`(step, precision)` rows of a run's eval.csv."""
+    with open(os.path.join(log_root, "eval.csv"), newline="") as stream:
+        return [(r["step"], r["precision"]) for r in csv.DictReader(stream)]
+
+
 @pytest.fixture(scope="module")
 def trained(synthetic_cifar, tmp_path_factory):
     log_root = tmp_path_factory.mktemp("trained")
@@ -77,7 +83,7 @@ def test_training_learns_and_writes_tensorboard_events(trained):
 
 def test_eval_csv_and_learning_curve(trained):
     cfg, result = trained
-    with open(os.path.join(cfg.log_root, "eval.csv")) as stream:
+    with open(os.path.join(cfg.log_root, "eval.csv"), newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert [int(r["step"]) for r in rows] == [20, 40]
     assert float(rows[-1]["precision"]) == pytest.approx(result["precision"])
@@ -88,33 +94,51 @@ def test_eval_csv_and_learning_curve(trained):
 
 
 def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
-    straight = config(synthetic_cifar, tmp_path / "straight", train_steps=12,
-                      eval_every_steps=6, eval_batch_count=1)
+    straight = config(
+        synthetic_cifar,
+        tmp_path / "straight",
+        train_steps=12,
+        eval_every_steps=6,
+        eval_batch_count=1,
+    )
     train_loop.train(straight, tf_strategy.default_mode())
-    pieces = config(synthetic_cifar, tmp_path / "pieces", train_steps=12,
-                    eval_every_steps=6, eval_batch_count=1, steps_per_run=5)
-    steps = [train_loop.train(pieces, tf_strategy.default_mode())["step"]
-             for _ in range(3)]
+    pieces = config(
+        synthetic_cifar,
+        tmp_path / "pieces",
+        train_steps=12,
+        eval_every_steps=6,
+        eval_batch_count=1,
+        steps_per_run=5,
+    )
+    steps = [
+        train_loop.train(pieces, tf_strategy.default_mode())["step"]
+        for _ in range(3)
+    ]
     assert steps == [5, 10, 12]
     a = checkpoint_weights(tmp_path / "straight")
     b = checkpoint_weights(tmp_path / "pieces")
     assert a.keys() == b.keys() and len(a) > 100
     for name in a:
-        np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
-    history = lambda root: [  # noqa: E731
-        row["step"] for row in csv.DictReader(open(root / "eval.csv"))]
-    assert history(tmp_path / "straight") == history(tmp_path / "pieces")
+        np.testing.assert_allclose(
+            a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name
+        )
+    assert eval_rows(tmp_path / "straight") == eval_rows(tmp_path / "pieces")
 
 
 def test_eval_mode_evaluates_latest_checkpoint_once(trained, tmp_path):
     cfg, result = trained
     eval_dir = tmp_path / "eval_once"
-    proc = run_main([
-        "--mode=eval", "--eval_once", f"--log_root={cfg.log_root}",
-        f"--eval_dir={eval_dir}", f"--eval_data_path={cfg.eval_data_path}",
-        f"--train_data_path={cfg.train_data_path}", "--batch_size=32",
-    ])
+    proc = run_main(
+        [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={cfg.log_root}",
+            f"--eval_dir={eval_dir}",
+            f"--eval_data_path={cfg.eval_data_path}",
+            f"--train_data_path={cfg.train_data_path}",
+            "--batch_size=32",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     precision = scalars(str(eval_dir), "Precision")
     assert precision == [(40, pytest.approx(result["precision"], abs=1e-6))]
@@ -125,12 +149,16 @@ def test_mirrored_two_devices_equals_one_device(synthetic_cifar, tmp_path):
     common = [
         f"--train_data_path={synthetic_cifar['train']}",
         f"--eval_data_path={synthetic_cifar['eval']}",
-        "--train_steps=3", "--batch_size=16", "--eval_batch_count=1",
-        "--sync_bn", "--dtype=float64",
+        "--train_steps=3",
+        "--batch_size=16",
+        "--eval_batch_count=1",
+        "--sync_bn",
+        "--dtype=float64",
     ]
     one = run_main([*common, f"--log_root={tmp_path / 'one'}"])
-    two = run_main([*common, f"--log_root={tmp_path / 'two'}",
-                    "--cpu_replicas=2"])
+    two = run_main(
+        [*common, f"--log_root={tmp_path / 'two'}", "--cpu_replicas=2"]
+    )
     assert one.returncode == 0, one.stderr[-2000:]
     assert two.returncode == 0, two.stderr[-2000:]
     assert "over 2 replica(s) (mirrored)" in two.stderr

@@ -12,3 +12,7 @@ class UserInputError(ValueError):
 
 class DataError(UserInputError):
     """A dataset file or folder is missing, empty or in the wrong format."""
+
+
+class StorageError(UserInputError):
+    """`--log_root` (or another output) cannot be written: read-only, full."""

@@ -28,7 +28,9 @@ def make_eval_step(model):
         losses = tf.keras.losses.sparse_categorical_crossentropy(
             labels, logits, from_logits=True
         )
-        correct = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels)
+        correct = tf.equal(
+            tf.argmax(logits, axis=-1, output_type=tf.int32), labels
+        )
         return tf.stack(
             [
                 tf.reduce_sum(tf.cast(correct, tf.float64)),
@@ -88,29 +90,40 @@ def continuous_eval(config, mode, model, steps_per_epoch):
     checkpoint has appeared for `config.eval_timeout_secs`.
     """
     checkpoint = tf.train.Checkpoint(model=model)
-    writers = summaries.Writers(config.train_dir, config.eval_dir, mode.is_chief)
+    writers = summaries.Writers(
+        config.train_dir, config.eval_dir, mode.is_chief
+    )
     history = summaries.EvalHistory(config.log_root, title=config.model)
     eval_step = make_eval_step(model)
     dataset = build_eval_dataset(config, mode)
     if config.eval_once:
         paths = [tf.train.latest_checkpoint(config.log_root)]
         if paths[0] is None:
-            raise FileNotFoundError(f"{config.log_root}: no checkpoint to evaluate")
+            raise FileNotFoundError(
+                f"{config.log_root}: no checkpoint to evaluate"
+            )
     else:
         paths = tf.train.checkpoints_iterator(
-            config.log_root, min_interval_secs=5, timeout=config.eval_timeout_secs
+            config.log_root,
+            min_interval_secs=5,
+            timeout=config.eval_timeout_secs,
         )
     for path in paths:
         checkpoint.restore(path).expect_partial()
         step = int(path.rsplit("-", 1)[1])
         start = time.time()
         result = evaluate(eval_step, dataset, mode, config.eval_batch_count)
-        best = history.record(step, step / steps_per_epoch, result["precision"], result["loss"])
+        best = history.record(
+            step, step / steps_per_epoch, result["precision"], result["loss"]
+        )
         writers.write_eval(step, result, best)
         logging.info(
             "eval %s: precision %.4f, best %.4f, loss %.4f, %d examples, %.1fs",
-            path, result["precision"], best, result["loss"], result["examples"],
+            path,
+            result["precision"],
+            best,
+            result["loss"],
+            result["examples"],
             time.time() - start,
         )
     writers.close()
-

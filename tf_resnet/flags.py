@@ -145,6 +145,7 @@ PRESETS = {
         "train_epochs": 60,
         "batch_size": 128,
         "learning_rate": 0.1,
+        "warmup_epochs": 2,
         "lr_decay_fractions": ["0.5", "0.75"],
         "weight_decay": 5e-4,
     },
@@ -155,6 +156,7 @@ PRESETS = {
         "train_epochs": 40,
         "batch_size": 128,
         "learning_rate": 0.1,
+        "warmup_epochs": 2,
         "lr_decay_fractions": ["0.5", "0.75"],
         "weight_decay": 5e-4,
     },
@@ -222,6 +224,17 @@ def define_distribution_flags():
         "average_every", 1, "--distribution=averaging: local steps per rank "
         "between weight averages (1: synchronous SGD at 1/ranks of the rate).",
         lower_bound=1,
+    )
+    # Parameter-server cluster (the names of TF1's distributed flags);
+    # without them --distribution=parameter_server reads TF_CONFIG.
+    flags.DEFINE_list("ps_hosts", [], "host:port of each parameter server.")
+    flags.DEFINE_list("worker_hosts", [], "host:port of each worker.")
+    flags.DEFINE_enum(
+        "job_name", None, ["chief", "ps", "worker"], "This process's task: "
+        "ps and worker serve until killed; chief (default) trains."
+    )
+    flags.DEFINE_integer(
+        "task_index", 0, "Index of this task within --job_name.", lower_bound=0
     )
 
 

@@ -38,12 +38,15 @@ class WarmupStepDecay(keras.optimizers.schedules.LearningRateSchedule):
     def __call__(self, step):
         step = ops.cast(step, "float32")
         decays = sum(
-            ops.cast(step >= boundary, "float32") for boundary in self.boundaries
+            ops.cast(step >= boundary, "float32")
+            for boundary in self.boundaries
         )
         rate = self.peak * ops.power(self.decay_rate, decays)
         if self.warmup_steps:
             ramp = self.peak * (step + 1.0) / self.warmup_steps
-            rate = ops.where(step < self.warmup_steps, ops.minimum(ramp, rate), rate)
+            rate = ops.where(
+                step < self.warmup_steps, ops.minimum(ramp, rate), rate
+            )
         return rate
 
     def get_config(self):

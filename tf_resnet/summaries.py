@@ -87,10 +87,12 @@ class EvalHistory:
 
     @property
     def best_precision(self):
-        return max((float(r["precision"]) for r in self.rows.values()), default=0.0)
+        return max(
+            (float(r["precision"]) for r in self.rows.values()), default=0.0
+        )
 
     def record(self, step, epoch, precision, loss):
-        """Adds (or replaces) the result at `step`; returns the best precision."""
+        """Adds (or replaces) the result at `step`; returns the best so far."""
         best = max(self.best_precision, precision)
         self.rows[step] = {
             "step": step,

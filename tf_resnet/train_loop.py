@@ -11,10 +11,12 @@ sums gradients over the replicas of an update. Weight decay is the paper's
 L2 penalty `wd/2 * ||w||^2` on conv and dense kernels, divided the same way.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
 import signal
+import tempfile
 import time
 
 import keras
@@ -22,12 +24,16 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import data, evaluation, models, schedules, summaries
-from tf_resnet.errors import UserInputError
+from tf_resnet.errors import StorageError, UserInputError
 from tf_resnet.models import pretrained
 
 
 class TrainingInterrupted(Exception):
     """SIGTERM/SIGINT arrived; a final checkpoint was written."""
+
+    def __init__(self, message, signum):
+        super().__init__(message)
+        self.signum = signum
 
 
 class TrainingDiverged(RuntimeError):
@@ -113,7 +119,7 @@ def plan_run(config):
 
 
 def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
-    """Creates the model and SGD optimizer (with slots) inside the mode's scope."""
+    """Creates model and SGD optimizer (with slots) in the mode's scope."""
     info = data.dataset_info(
         config.dataset, config.train_data_path, config.data_source
     )
@@ -166,7 +172,10 @@ def make_replica_fn(model, optimizer, mode, config):
             loss = tf.reduce_sum(losses) / update_examples
             if kernels:
                 loss += decay_scale * tf.add_n(
-                    [tf.reduce_sum(tf.square(tf.cast(k, dtype))) for k in kernels]
+                    [
+                        tf.reduce_sum(tf.square(tf.cast(k, dtype)))
+                        for k in kernels
+                    ]
                 )
             scaled_loss = optimizer.scale_loss(loss)
         variables = model.trainable_variables
@@ -176,7 +185,7 @@ def make_replica_fn(model, optimizer, mode, config):
             config.backbone_lr_multiplier,
         )
         grads = mode.all_reduce_gradients(grads)
-        optimizer.apply_gradients(zip(grads, variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
         correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
         return {
             "loss_sum": tf.cast(tf.reduce_sum(losses), tf.float32),
@@ -196,15 +205,14 @@ class _StopSignal:
 
     def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
+            # ValueError off the main thread: leave signals alone there.
+            with contextlib.suppress(ValueError):
                 self._previous[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # Not the main thread: leave signals alone.
-                pass
         return self
 
     def _handle(self, signum, frame):
         del frame
-        self.received = signal.Signals(signum).name
+        self.received = signal.Signals(signum)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
@@ -238,7 +246,9 @@ class _Progress:
         now = time.time()
         self.interval_start = (step, now)
         steps_done = step - first_step
-        images_per_sec = steps_done * self.global_batch / max(now - first_time, 1e-9)
+        images_per_sec = (
+            steps_done * self.global_batch / max(now - first_time, 1e-9)
+        )
         examples = max(totals["examples"], 1.0)
         result = {
             "loss": totals["loss_sum"] / examples,
@@ -248,7 +258,8 @@ class _Progress:
         }
         remaining = (self.plan.total_steps - step) * self.global_batch
         logging.info(
-            "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, lr %.4g, "
+            "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, "
+            "lr %.4g, "
             "%.1f images/sec, ETA %s",
             step,
             self.plan.total_steps,
@@ -268,6 +279,24 @@ def _format_eta(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _first_line(error):
+    return (
+        str(error).strip().splitlines()[0][:300] if str(error) else repr(error)
+    )
+
+
+def check_writable(directory):
+    """Fails early, before hours of training, if outputs cannot be written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise StorageError(
+            f"{directory}: cannot write here ({error.strerror or error})"
+        ) from error
+
+
 def restore_checkpoint(checkpoint, manager, log_root):
     """Restores the latest checkpoint, if any; returns its path or None.
 
@@ -281,11 +310,10 @@ def restore_checkpoint(checkpoint, manager, log_root):
     try:
         checkpoint.restore(path).assert_existing_objects_matched()
     except (AssertionError, ValueError, tf.errors.OpError) as error:
-        first_line = str(error).strip().splitlines()[0][:300]
         raise UserInputError(
             f"{path}: checkpoint in --log_root={log_root} does not match this "
-            f"model/optimizer ({first_line}); use a fresh --log_root or the "
-            "flags the checkpoint was trained with"
+            f"model/optimizer ({_first_line(error)}); use a fresh "
+            "--log_root or the flags the checkpoint was trained with"
         ) from error
     return path
 
@@ -298,6 +326,8 @@ def train(config, mode):
     """
     plan = plan_run(config)
     mode.set_global_batch(config.batch_size)
+    if mode.is_chief:
+        check_writable(config.log_root)
     keras.utils.set_random_seed(config.seed)
     model, optimizer = build_model_and_optimizer(
         config, mode, plan.total_steps, plan.warmup_steps
@@ -314,9 +344,14 @@ def train(config, mode):
     logging.info(
         "training %s on %s: %d examples, %d steps/epoch, %d steps, global "
         "batch %d over %d replica(s) (%s)",
-        config.model, config.dataset, plan.num_train_examples,
-        plan.steps_per_epoch, plan.total_steps, config.batch_size,
-        mode.num_replicas, mode.name,
+        config.model,
+        config.dataset,
+        plan.num_train_examples,
+        plan.steps_per_epoch,
+        plan.total_steps,
+        config.batch_size,
+        mode.num_replicas,
+        mode.name,
     )
 
     def dataset_fn(num_shards, shard_index, batch_size):
@@ -350,7 +385,9 @@ def train(config, mode):
     train_step = make_train_step()
     eval_step = evaluation.make_eval_step(model)
     eval_dataset = evaluation.build_eval_dataset(config, mode)
-    writers = summaries.Writers(config.train_dir, config.eval_dir, mode.is_chief)
+    writers = summaries.Writers(
+        config.train_dir, config.eval_dir, mode.is_chief
+    )
     history = summaries.EvalHistory(config.log_root, title=config.model)
     progress = _Progress(mode, plan, config.batch_size, step)
     last_eval = {}
@@ -364,15 +401,24 @@ def train(config, mode):
             return
         if not math.isfinite(result["loss"]):
             raise TrainingDiverged(
-                f"loss is {result['loss']} at step {step}; last good checkpoint: "
-                f"{manager.latest_checkpoint or 'none'}"
+                f"loss is {result['loss']} at step {step}; last good "
+                f"checkpoint: {manager.latest_checkpoint or 'none'}"
             )
         writers.write(writers.train, step, result)
 
     def save():
         mode.synchronize(model)
-        if mode.is_chief:
+        if not mode.is_chief:
+            return
+        previous = manager.latest_checkpoint
+        try:
             manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as error:
+            raise StorageError(
+                f"{config.log_root}: writing the checkpoint of step {step} "
+                f"failed ({_first_line(error)}); the latest complete "
+                f"checkpoint is {previous or 'none'}"
+            ) from error
 
     def run_eval():
         mode.synchronize(model)
@@ -382,12 +428,20 @@ def train(config, mode):
         best = result["precision"]
         if mode.is_chief:
             best = history.record(
-                step, step / plan.steps_per_epoch, result["precision"], result["loss"]
+                step,
+                step / plan.steps_per_epoch,
+                result["precision"],
+                result["loss"],
             )
             writers.write_eval(step, result, best)
         logging.info(
-            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d examples",
-            step, result["precision"], best, result["loss"], result["examples"],
+            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d "
+            "examples",
+            step,
+            result["precision"],
+            best,
+            result["loss"],
+            result["examples"],
         )
         last_eval.update(result)
 
@@ -419,8 +473,9 @@ def train(config, mode):
                 save()
                 writers.close()
                 raise TrainingInterrupted(
-                    f"{stop.received} at step {step}: checkpoint written to "
-                    f"{manager.latest_checkpoint}"
+                    f"{stop.received.name} at step {step}: checkpoint written "
+                    f"to {manager.latest_checkpoint}",
+                    int(stop.received),
                 )
     writers.close()
     return {"step": step, **last_eval}
@@ -432,4 +487,3 @@ def evaluate_only(config, mode):
     mode.set_global_batch(config.batch_size)
     model, _ = build_model_and_optimizer(config, mode, plan.total_steps)
     evaluation.continuous_eval(config, mode, model, plan.steps_per_epoch)
-

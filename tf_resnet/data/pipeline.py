@@ -60,7 +60,9 @@ def make_pipeline(
     if cache:
         ds = ds.cache()
     if training:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(
+            shuffle_buffer, seed=seed, reshuffle_each_iteration=True
+        )
         ds = ds.repeat()
         if start_step:
             ds = ds.skip(start_step * batch_size)

@@ -10,7 +10,9 @@ from absl import flags
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import UserInputError
 
-DISTRIBUTIONS = ("auto", "default", "mirrored", "horovod", "averaging")
+DISTRIBUTIONS = (
+    "auto", "default", "mirrored", "horovod", "averaging", "parameter_server"
+)
 # One process per replica, launched by horovodrun/mpirun; Horovod is imported
 # only when one of these is asked for, so other modes work without it.
 HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
@@ -77,6 +79,8 @@ def make_mode(
         return _horovod_mode(
             distribution, num_gpus, cpu_replicas, average_every
         )
+    if distribution == "parameter_server":
+        return _parameter_server_mode()
     devices = configure_devices(num_gpus, cpu_replicas)
     if distribution == "mirrored" or (
         distribution == "auto" and devices and len(devices) > 1
@@ -104,6 +108,19 @@ def _horovod_mode(distribution, num_gpus, cpu_replicas, average_every):
     if average_every is None:
         average_every = _flag_value("average_every", 1)
     return averaging.AveragingMode(average_every)
+
+
+def _parameter_server_mode():
+    """The coordinator of a ps/worker cluster (flags, else TF_CONFIG)."""
+    from tf_resnet.distribute import parameter_server
+
+    resolver = parameter_server.cluster_resolver(
+        _flag_value("ps_hosts", []),
+        _flag_value("worker_hosts", []),
+        _flag_value("job_name", None) or "",
+        _flag_value("task_index", 0),
+    )
+    return parameter_server.ParameterServerMode(resolver)
 
 
 def _flag_value(name, default):

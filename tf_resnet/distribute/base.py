@@ -56,7 +56,7 @@ class DistributionMode:
         return iter(dataset_fn(1, 0, self._replica_batch))
 
     def eval_shard(self):
-        """`(num_shards, shard_index)` of the evaluation data for this process."""
+        """`(num_shards, shard_index)` of this process's evaluation data."""
         return 1, 0
 
     def set_global_batch(self, global_batch):
@@ -73,7 +73,7 @@ class DistributionMode:
         return self._replica_batch
 
     def make_train_step(self, replica_fn):
-        """Compiles one training step: next batch, `replica_fn` on every replica.
+        """Compiles a training step: next batch, `replica_fn` on each replica.
 
         Returns:
           `fn(iterator)` returning the step's metrics summed over replicas
@@ -91,7 +91,7 @@ class DistributionMode:
         return tf.nest.map_structure(lambda v: v.numpy(), value)
 
     def run(self, replica_fn, args):
-        """Runs `replica_fn(*args)` on every replica; returns per-replica values."""
+        """Runs `replica_fn(*args)` on each replica: per-replica values."""
         return replica_fn(*args)
 
     def reduce_sum(self, per_replica_value):

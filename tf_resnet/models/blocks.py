@@ -188,7 +188,9 @@ class BasicBlock(layers.Layer):
     def call(self, x, training=None):
         if self.preact:
             return self._call_preact(x, training)
-        residual = x if self.shortcut is None else self.shortcut(x, training=training)
+        residual = (
+            x if self.shortcut is None else self.shortcut(x, training=training)
+        )
         y = keras.ops.relu(self.bn1(self.conv1(x), training=training))
         y = self.bn2(self.conv2(y), training=training)
         return keras.ops.relu(y + residual)
@@ -196,7 +198,11 @@ class BasicBlock(layers.Layer):
     def _call_preact(self, x, training):
         pre = keras.ops.relu(self.bn1(x, training=training))
         # A projection reads the pre-activated input, as in He et al. v2.
-        residual = x if self.shortcut is None else self.shortcut(pre, training=training)
+        residual = (
+            x
+            if self.shortcut is None
+            else self.shortcut(pre, training=training)
+        )
         y = self.conv1(pre)
         y = self.conv2(keras.ops.relu(self.bn2(y, training=training)))
         return y + residual
@@ -249,7 +255,9 @@ class Bottleneck(layers.Layer):
     build = BasicBlock.build
 
     def call(self, x, training=None):
-        residual = x if self.shortcut is None else self.shortcut(x, training=training)
+        residual = (
+            x if self.shortcut is None else self.shortcut(x, training=training)
+        )
         y = keras.ops.relu(self.bn1(self.conv1(x), training=training))
         y = keras.ops.relu(self.bn2(self.conv2(y), training=training))
         y = self.bn3(self.conv3(y), training=training)

@@ -1,0 +1,75 @@
+"""`--distribution=averaging` (local SGD) on two real Horovod ranks.
+
+Each rank's step uses the learning rate of its own batch (8 of the global
+16), so an averaging run at `--learning_rate=0.8` takes the same steps as a
+synchronous run at 0.4 (see tf_resnet/distribute/averaging.py).
+"""
+
+import horovod_runs
+import numpy as np
+import pytest
+from horovod_runs import Spec
+
+from tf_resnet.distribute import make_mode
+from tf_resnet.errors import UserInputError
+
+
+def test_averaging_every_step_equals_synchronous_sgd():
+    """N=1 with momentum 0.9 and weight decay: the mean of the ranks' updates
+    is the update of the mean gradient, because the momentum slots are
+    averaged too."""
+    sync, averaged = horovod_runs.equivalence_runs(
+        Spec("horovod", ranks=2, learning_rate=0.4),
+        Spec("averaging", 2, learning_rate=0.8, extra=("--average_every=1",)),
+    )
+    assert "over 2 replica(s) (averaging)" in averaged.output
+    for rank in (0, 1):
+        horovod_runs.assert_same_weights(
+            averaged.weights(rank), sync.weights(), sync.weights(name="first")
+        )
+
+
+def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
+    """N = all 6 steps: each rank trains alone on its shard, then the two
+    models are averaged; compare with two single-process runs, one per shard
+    file, at the per-rank batch of 8."""
+    averaged, *alone = horovod_runs.run_workers(
+        (
+            [
+                *horovod_runs.equivalence_flags(0.4),
+                "--distribution=averaging",
+                f"--average_every={horovod_runs.STEPS}",
+            ],
+            2,
+        ),
+        *[
+            (
+                horovod_runs.equivalence_flags(
+                    0.4, batch_size=8, train=f"shard{shard}"
+                ),
+                None,
+            )
+            for shard in (0, 1)
+        ],
+    )
+    mean = [
+        (first + second) / 2
+        for first, second in zip(
+            alone[0].weights(), alone[1].weights(), strict=True
+        )
+    ]
+    # Before the average the ranks really differed (they saw other data).
+    apart = max(
+        float(np.abs(a - b).max())
+        for a, b in zip(alone[0].weights(), alone[1].weights(), strict=True)
+    )
+    assert apart > 1e-2
+    for rank in (0, 1):
+        horovod_runs.assert_same_weights(
+            averaged.weights(rank), mean, alone[0].weights(name="first")
+        )
+
+
+def test_average_every_must_be_positive():
+    with pytest.raises(UserInputError, match="--average_every must be"):
+        make_mode("averaging", average_every=0)

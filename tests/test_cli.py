@@ -1,0 +1,50 @@
+"""resnet_main.py: flags, clear errors, nothing half-written."""
+
+import os
+
+import pytest
+from conftest import run_main
+
+
+def base_args(synthetic, log_root):
+    return [
+        f"--train_data_path={synthetic['train']}",
+        f"--eval_data_path={synthetic['eval']}",
+        f"--log_root={log_root}",
+        "--batch_size=16",
+        "--eval_batch_count=1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--eval_once"], "--eval_once only makes sense with --mode=eval"),
+        (["--num_gpus=1"], "--num_gpus=1 but 0 GPU(s) are visible"),
+        (["--batch_size=15", "--cpu_replicas=2"], "not divisible by the 2"),
+        (
+            ["--train_data_path=/nonexistent/data_batch*"],
+            "/nonexistent/data_batch*: no file matches",
+        ),
+    ],
+)
+def test_contradictory_or_wrong_flags_fail_clearly(
+    synthetic_cifar, tmp_path, extra, message
+):
+    proc = run_main([*base_args(synthetic_cifar, tmp_path), *extra])
+    assert proc.returncode == 2
+    error_lines = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(error_lines) == 1 and message in error_lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not os.listdir(tmp_path)  # Nothing written before the error.
+
+
+def test_checkpoint_of_another_model_is_refused(synthetic_cifar, tmp_path):
+    args = [*base_args(synthetic_cifar, tmp_path), "--train_steps=1"]
+    assert run_main([*args, "--model=resnet20"]).returncode == 0
+    before = sorted(os.listdir(tmp_path))
+    proc = run_main([*args, "--model=resnet32", "--train_steps=2"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "ckpt-1: checkpoint in --log_root" in proc.stderr
+    assert "does not match this model" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == before

@@ -1,0 +1,174 @@
+"""`--distribution=horovod` on two real ranks over loopback (gloo).
+
+Every test launches `horovodrun -np 2 -H localhost:2 --gloo` (see
+horovod_runs.py); none is skipped, as the CI machine has Horovod.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import time
+
+import horovod_runs
+import numpy as np
+import pytest
+from horovod_runs import Spec
+
+from data import make_synthetic_cifar
+from tf_resnet.distribute import make_mode
+from tf_resnet.errors import UserInputError
+
+
+@pytest.fixture(scope="module")
+def shapes_files(tmp_path_factory):
+    """64 learnable training images (one file) and 40 evaluation images."""
+    folder = tmp_path_factory.mktemp("shapes")
+    paths = {}
+    for name, count, seed in (("train", 64, 1), ("test", 40, 2)):
+        images, labels = make_synthetic_cifar.make_images(count, seed)
+        paths[name] = str(folder / f"{name}.bin")
+        with open(paths[name], "wb") as stream:
+            stream.write(make_synthetic_cifar.to_records(images, labels))
+    return paths
+
+
+def logged_losses(output, rank=0):
+    return [
+        float(match)
+        for match in re.findall(
+            rf"\[{rank}\]<stderr>:.*step \d+/\d+ .*?: loss ([\d.]+)", output
+        )
+    ]
+
+
+def test_two_ranks_train_to_identical_models(shapes_files):
+    flags = [
+        f"--train_data_path={shapes_files['train']}",
+        f"--eval_data_path={shapes_files['test']}",
+        "--distribution=horovod",
+        "--model=resnet8",  # With BatchNorm: its statistics must agree.
+        "--batch_size=32",
+        "--train_steps=30",
+        "--learning_rate=0.4",
+        "--lr_decay_fractions=1",
+        "--log_every_steps=10",
+        "--eval_every_steps=15",
+        "--checkpoint_every_steps=15",
+    ]
+    (run,) = horovod_runs.run_workers((flags, 2))
+    rank0, rank1 = run.weights(0), run.weights(1)
+    assert len(rank0) == len(rank1) > 30
+    for ours, theirs in zip(rank0, rank1, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+    losses = logged_losses(run.output)
+    assert len(losses) >= 3 and losses == logged_losses(run.output, rank=1)
+    assert losses[-1] < 0.8 * losses[0], losses
+    # Each rank evaluates its half of the test file; the counts add up.
+    assert run.output.count("over 40 examples") == 4
+
+    dump = pathlib.Path(run.dump_dir)
+    saves = (dump / "saves_rank0.txt").read_text().split()
+    assert [path.rsplit("-", 1)[1] for path in saves] == ["15", "30"]
+    assert not (dump / "saves_rank1.txt").exists()
+    pid0 = (dump / "pid_rank0.txt").read_text()
+    pid1 = (dump / "pid_rank1.txt").read_text()
+    events = [
+        name
+        for _, _, files in os.walk(os.path.join(run.dump_dir, "log"))
+        for name in files
+        if name.startswith("events.out")
+    ]
+    assert events and all(f".{pid0}." in name for name in events), events
+    assert not any(f".{pid1}." in name for name in events)
+
+
+def test_horovod_equals_one_process_and_mirrored():
+    """Same seed, global batch 16, 6 steps of momentum SGD with weight decay.
+
+    The model has no BatchNorm, whose batch statistics would legitimately
+    differ between one batch of 16 and two of 8.
+    """
+    single, mirrored, hvd = horovod_runs.equivalence_runs(
+        Spec("default"),
+        Spec("mirrored", extra=("--cpu_replicas=2",)),
+        Spec("horovod", ranks=2),
+    )
+    assert "over 2 replica(s) (mirrored)" in mirrored.output
+    assert "over 2 replica(s) (horovod)" in hvd.output
+    first = single.weights(name="first")
+    for run in (mirrored, hvd):
+        horovod_runs.assert_same_weights(run.weights(), single.weights(), first)
+    for ours, theirs in zip(hvd.weights(0), hvd.weights(1), strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for_pids(started, timeout=180):
+    """Pids of both ranks, once both have finished a training step."""
+    paths = [
+        pathlib.Path(started.dump_dir, f"pid_rank{rank}.txt") for rank in (0, 1)
+    ]
+    deadline = time.time() + timeout
+    while not all(path.exists() for path in paths):
+        if started.process.poll() is not None or time.time() > deadline:
+            output = pathlib.Path(started.output_path).read_text()
+            pytest.fail(f"ranks did not start training:\n{output[-3000:]}")
+        time.sleep(0.5)
+    time.sleep(0.5)  # Let the files be written completely.
+    return [int(path.read_text()) for path in paths]
+
+
+@pytest.mark.parametrize(
+    "sig, bound",
+    [
+        # Died: the survivor's next collective fails on the closed socket.
+        (signal.SIGKILL, 30),
+        # Hung (a frozen host): gloo gives up after its 5 s timeout, then
+        # horovodrun kills the stopped rank (5 s grace after SIGTERM).
+        (signal.SIGSTOP, 45),
+    ],
+    ids=["killed", "hung"],
+)
+def test_losing_a_rank_ends_the_job(sig, bound):
+    flags = [
+        *horovod_runs.equivalence_flags(0.1),
+        "--distribution=horovod",
+        "--train_steps=1000000",
+        "--log_every_steps=100000",
+    ]
+    started = horovod_runs.start_worker(
+        flags, ranks=2, HOROVOD_GLOO_TIMEOUT_SECONDS="5"
+    )
+    pids = []
+    try:
+        pids = _wait_for_pids(started)
+        os.kill(pids[1], sig)
+        begin = time.time()
+        run = started.result(timeout=bound + 60)
+        elapsed = time.time() - begin
+        survivor_alive = _alive(pids[0])
+    finally:
+        started.stop()
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    output = run.output
+    assert run.returncode != 0, output[-2000:]
+    assert elapsed < bound, f"took {elapsed:.1f}s\n{output[-2000:]}"
+    assert not survivor_alive, "the surviving rank is still running"
+    if sig == signal.SIGSTOP:
+        assert "Timed out waiting 5000ms" in output, output[-2000:]
+
+
+def test_one_device_per_rank():
+    with pytest.raises(UserInputError, match="one device per process"):
+        make_mode("horovod", cpu_replicas=2)

@@ -1,0 +1,164 @@
+"""Kill, stop, diverge, run out of disk: nothing written is lost."""
+
+import contextlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_main
+from test_training import checkpoint_weights, eval_rows, scalars
+
+
+def train_args(synthetic, log_root, *extra):
+    return [
+        f"--train_data_path={synthetic['train']}",
+        f"--eval_data_path={synthetic['eval']}",
+        f"--log_root={log_root}",
+        "--batch_size=16",
+        "--train_steps=12",
+        "--checkpoint_every_steps=2",
+        "--eval_every_steps=6",
+        "--eval_batch_count=2",
+        "--log_every_steps=1",
+        "--deterministic",
+        *extra,
+    ]
+
+
+def start_main(args):
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "resnet_main.py"), *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+def wait_for_step(proc, step):
+    """Reads the progress lines until `step` is logged; returns the lines."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if re.search(rf"\] step {step}/", line):
+            return lines
+    raise AssertionError("run ended early:\n" + "".join(lines[-30:]))
+
+
+@pytest.fixture(scope="module")
+def reference(synthetic_cifar, tmp_path_factory):
+    log_root = tmp_path_factory.mktemp("reference")
+    proc = run_main(train_args(synthetic_cifar, log_root))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return log_root
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_then_restart_matches_uninterrupted_run(
+    synthetic_cifar, reference, tmp_path, seed
+):
+    kill_at = random.Random(seed).randint(3, 10)
+    args = train_args(synthetic_cifar, tmp_path)
+    proc = start_main(args)
+    wait_for_step(proc, kill_at)
+    proc.kill()
+    proc.wait(timeout=30)
+    restarted = run_main(args)
+    assert restarted.returncode == 0, restarted.stderr[-2000:]
+    resumed = re.search(r"resumed from \S+ at step (\d+)", restarted.stderr)
+    assert resumed, restarted.stderr[-2000:]
+    # At most one checkpoint interval (2 steps) lost.
+    assert kill_at - 2 <= int(resumed.group(1)) <= kill_at
+    expected = checkpoint_weights(reference)
+    got = checkpoint_weights(tmp_path)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        np.testing.assert_array_equal(expected[name], got[name], err_msg=name)
+    assert eval_rows(tmp_path) == eval_rows(reference)
+
+
+def test_sigterm_writes_a_final_checkpoint_and_flushes_events(
+    synthetic_cifar, tmp_path
+):
+    args = train_args(synthetic_cifar, tmp_path, "--checkpoint_every_steps=100")
+    proc = start_main(args)
+    wait_for_step(proc, 3)
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    stopped = re.search(r"stopped: SIGTERM at step (\d+): checkpoint written "
+                        r"to (\S+)", rest)
+    assert stopped, rest[-2000:]
+    step = int(stopped.group(1))
+    assert stopped.group(2).endswith(f"ckpt-{step}")
+    assert os.path.exists(stopped.group(2) + ".index")
+    logged = [s for s, _ in scalars(str(tmp_path / "train"), "loss")]
+    assert logged[-1] == step
+
+
+def test_nan_loss_stops_naming_step_and_checkpoint(synthetic_cifar, tmp_path):
+    proc = run_main(
+        train_args(synthetic_cifar, tmp_path, "--learning_rate=1e12",
+                   "--checkpoint_every_steps=1", "--nodeterministic")
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    message = re.search(
+        r"diverged: loss is (nan|inf) at step (\d+); last good checkpoint: "
+        r"(\S+)", proc.stderr)
+    assert message, proc.stderr[-2000:]
+    step = int(message.group(2))
+    last_good = message.group(3)
+    assert last_good == "none" or last_good.endswith(f"ckpt-{step - 1}")
+
+
+@contextlib.contextmanager
+def tmpfs(path, options):
+    os.makedirs(path, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True, text=True,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_read_only_log_root_fails_before_training(synthetic_cifar, tmp_path):
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as log_root:
+        proc = run_main(train_args(synthetic_cifar, log_root))
+    assert proc.returncode == 2
+    assert f"{log_root}: cannot write here (Read-only file system)" in (
+        proc.stderr)
+
+
+def test_full_disk_while_checkpointing_keeps_last_checkpoint(
+    synthetic_cifar, tmp_path
+):
+    # resnet20 checkpoints take 2.2 MB: the second one does not fit in 3 MB.
+    with tmpfs(tmp_path / "small", "size=3m") as log_root:
+        proc = run_main(train_args(synthetic_cifar, log_root,
+                                   "--eval_every_steps=100"))
+        kept = tmp_path / "kept"
+        shutil.copytree(log_root, kept)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "writing the checkpoint of step 4 failed" in proc.stderr
+    assert "No space left on device" in proc.stderr
+    assert f"latest complete checkpoint is {log_root}/ckpt-2" in proc.stderr
+    # What was written before the disk filled is intact and usable.
+    evaluated = run_main([
+        "--mode=eval", "--eval_once", f"--log_root={kept}",
+        f"--eval_data_path={synthetic_cifar['eval']}", "--batch_size=16",
+        "--eval_batch_count=1",
+    ])
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert re.search(r"eval \S+ckpt-2: precision", evaluated.stderr)

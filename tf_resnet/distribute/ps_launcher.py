@@ -1,0 +1,357 @@
+"""Runs parameter-server training on one machine: ps, workers, coordinator.
+
+  python -m tf_resnet.distribute.ps_launcher --num_ps=1 --num_workers=2 -- \
+      --dataset=cifar10 --train_data_path='cifar-10-batches-bin/data_batch*' \
+      --eval_data_path=cifar-10-batches-bin/test_batch.bin \
+      --log_root=/tmp/ps_run
+
+Everything after `--` is passed to every `resnet_main.py` process; the
+launcher adds the cluster flags (`--ps_hosts --worker_hosts --job_name
+--task_index`, ports picked free on 127.0.0.1) and
+`--distribution=parameter_server` for the coordinator. Each task is a
+separate process, as TensorFlow needs (in-process clusters hang).
+
+Network isolation: TensorFlow's gRPC server listens on every interface
+(`0.0.0.0` is hard-coded in `grpc_server_lib.cc`) and runs whatever graph a
+peer sends it. So by default the launcher first moves itself into a new
+network namespace whose only device is the loopback, and the cluster lives
+there: nothing it opens is reachable from outside. This needs root or
+unprivileged user namespaces (Linux); `--network=host` skips it, leaving the
+ports open on all interfaces while training runs.
+
+Teardown: the tasks share one process group of their own, so Ctrl-C in the
+terminal reaches only the launcher, which stops them in order: first the
+coordinator (SIGTERM: it writes a final checkpoint, which needs the ps
+alive), then the servers, which TensorFlow cannot stop otherwise. If a ps or
+worker dies, everything is stopped (the coordinator would wait for it
+forever). Each task also gets SIGKILL if the launcher itself is killed
+(`PR_SET_PDEATHSIG`), so none outlives it.
+
+Only the standard library is imported: the launcher re-executes itself as a
+plain script, so it starts single-threaded (which `unshare(CLONE_NEWUSER)`
+requires) and without loading TensorFlow.
+"""
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+PR_SET_PDEATHSIG = 1
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+class LaunchError(Exception):
+    """The cluster could not be started or lost a task."""
+
+
+def log(message):
+    """Prints one line to stderr, marked as the launcher's."""
+    print(f"ps_launcher: {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv):
+    """The launcher's own flags; those after `--` go to `resnet_main.py`."""
+    if "--" in argv:
+        split = argv.index("--")
+        own, main_flags = argv[:split], argv[split + 1 :]
+    else:
+        own, main_flags = argv, []
+    parser = argparse.ArgumentParser(
+        prog="python -m tf_resnet.distribute.ps_launcher",
+        description="Starts ps and worker tasks and the coordinator of "
+        "--distribution=parameter_server on this machine. Flags after -- go "
+        "to resnet_main.py.",
+    )
+    parser.add_argument("--num_ps", type=int, default=1)
+    parser.add_argument("--num_workers", type=int, default=2)
+    parser.add_argument(
+        "--network",
+        choices=("private", "host"),
+        default="private",
+        help="private: a loopback-only network namespace (default); host: "
+        "TensorFlow's servers listen on all interfaces.",
+    )
+    parser.add_argument(
+        "--main",
+        default=os.path.join(ROOT, "resnet_main.py"),
+        help="The training script (default: resnet_main.py of this checkout).",
+    )
+    parser.add_argument(
+        "--start_timeout_secs",
+        type=float,
+        default=300,
+        help="How long the ps and workers may take to start serving.",
+    )
+    parser.add_argument(
+        "--stop_timeout_secs",
+        type=float,
+        default=120,
+        help="How long the coordinator may take to checkpoint after a stop "
+        "signal before it is killed.",
+    )
+    args = parser.parse_args(own)
+    if args.num_ps < 1 or args.num_workers < 1:
+        parser.error("--num_ps and --num_workers must be at least 1")
+    args.main_flags = main_flags
+    return args
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _unshare(flags):
+    if _libc().unshare(flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def enter_private_network():
+    """Moves this process into a new network namespace with only `lo` up.
+
+    Root (with CAP_SYS_ADMIN) gets a plain network namespace; other users
+    get it inside a user namespace that maps their own uid and gid, so the
+    files the cluster writes keep their owner.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _unshare(CLONE_NEWNET)
+    except PermissionError:
+        _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as stream:
+                stream.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack(
+            "16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request)
+        )
+        fcntl.ioctl(
+            sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags[1] | IFF_UP)
+        )
+    interfaces = [name for _, name in socket.if_nameindex()]
+    if interfaces != ["lo"]:
+        raise LaunchError(f"private namespace has interfaces {interfaces}")
+
+
+def free_ports(count):
+    """`count` distinct free TCP ports on 127.0.0.1."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _die_with_launcher(launcher_pid):
+    """Runs in each child before exec: SIGKILL it when the launcher dies."""
+
+    def set_death_signal():
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != launcher_pid:  # The launcher died before prctl.
+            os._exit(1)
+
+    return set_death_signal
+
+
+class Cluster:
+    """The processes of one run; `stop` ends every one of them."""
+
+    def __init__(self, main, main_flags, num_ps, num_workers):
+        ports = free_ports(num_ps + num_workers)
+        self.addresses = {
+            "ps": [f"127.0.0.1:{port}" for port in ports[:num_ps]],
+            "worker": [f"127.0.0.1:{port}" for port in ports[num_ps:]],
+        }
+        self.cluster_flags = [
+            f"--ps_hosts={','.join(self.addresses['ps'])}",
+            f"--worker_hosts={','.join(self.addresses['worker'])}",
+        ]
+        self.command = [sys.executable, main, *main_flags]
+        # Flags name the cluster; a TF_CONFIG from the caller would not.
+        self.env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        self.servers = {}  # (job, index) -> Popen
+        self.coordinator = None
+        self.group = 0  # Process group of the tasks, set by the first.
+
+    def _start(self, name, flags):
+        process = subprocess.Popen(
+            [*self.command, *self.cluster_flags, *flags],
+            env=self.env,
+            process_group=self.group,
+            preexec_fn=_die_with_launcher(os.getpid()),
+        )
+        self.group = self.group or process.pid
+        log(f"started {name} (pid {process.pid})")
+        return process
+
+    def start_servers(self, timeout, signals):
+        for job, addresses in self.addresses.items():
+            for index, address in enumerate(addresses):
+                self.servers[(job, index)] = self._start(
+                    f"{job} {index} at {address}",
+                    [f"--job_name={job}", f"--task_index={index}"],
+                )
+        deadline = time.monotonic() + timeout
+        for (job, index), process in self.servers.items():
+            host, port = self.addresses[job][index].rsplit(":", 1)
+            while not _accepts(host, int(port)):
+                if process.poll() is not None:
+                    raise LaunchError(
+                        f"{job} {index} exited with code {process.returncode} "
+                        "before serving (see its messages above)"
+                    )
+                if time.monotonic() > deadline:
+                    raise LaunchError(
+                        f"{job} {index} did not serve within {timeout:.0f}s"
+                    )
+                if signals.received:
+                    raise LaunchError(f"{signals.received[0]} while starting")
+                time.sleep(0.2)
+
+    def start_coordinator(self):
+        self.coordinator = self._start(
+            "coordinator",
+            ["--job_name=chief", "--distribution=parameter_server"],
+        )
+
+    def dead_server(self):
+        """`(job, index, returncode)` of a server that exited, else None."""
+        for (job, index), process in self.servers.items():
+            if process.poll() is not None:
+                return job, index, process.returncode
+        return None
+
+    def stop(self, grace_secs=5.0):
+        """Terminates the whole process group, then kills what remains."""
+        processes = list(self.servers.values())
+        if self.coordinator is not None:
+            processes.append(self.coordinator)
+        if self.group:
+            for sig in (signal.SIGTERM, signal.SIGCONT):  # CONT: if stopped.
+                _signal_group(self.group, sig)
+            deadline = time.monotonic() + grace_secs
+            while time.monotonic() < deadline and any(
+                p.poll() is None for p in processes
+            ):
+                time.sleep(0.1)
+            _signal_group(self.group, signal.SIGKILL)
+        for process in processes:
+            process.wait()
+
+
+def _signal_group(group, sig):
+    with contextlib.suppress(ProcessLookupError):  # All members exited.
+        os.killpg(group, sig)
+
+
+def _accepts(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+class _Signals:
+    """Records SIGINT/SIGTERM/SIGHUP for the supervision loop."""
+
+    def __init__(self):
+        self.received = []
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        del frame
+        self.received.append(signal.Signals(signum).name)
+
+
+def supervise(cluster, signals, stop_timeout):
+    """Waits for the coordinator; returns the launcher's exit code.
+
+    A first signal is forwarded to the coordinator as SIGTERM (checkpoint
+    and exit); a second one, or `stop_timeout`, kills it.
+    """
+    coordinator = cluster.coordinator
+    forwarded_at = None
+    while coordinator.poll() is None:
+        dead = cluster.dead_server()
+        if dead:
+            job, index, code = dead
+            log(f"{job} {index} exited with code {code}; stopping the cluster")
+            return 1
+        if signals.received and forwarded_at is None:
+            log(f"{signals.received[0]}: asking the coordinator to stop")
+            coordinator.send_signal(signal.SIGTERM)
+            forwarded_at = time.monotonic()
+        elif forwarded_at is not None and (
+            len(signals.received) > 1
+            or time.monotonic() - forwarded_at > stop_timeout
+        ):
+            log("killing the coordinator")
+            coordinator.kill()
+        time.sleep(0.2)
+    code = coordinator.returncode
+    log(f"coordinator exited with code {code}")
+    return 128 - code if code < 0 else code
+
+
+def main(argv=None):
+    """Starts the cluster, trains, stops it; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "tensorflow" in sys.modules or len(os.listdir("/proc/self/task")) > 1:
+        # Started with `python -m`, which imported the package (and with it
+        # TensorFlow and its threads): start over as a plain script.
+        os.execv(sys.executable, [sys.executable, "-I", __file__, *argv])
+    args = parse_args(argv)
+    signals = _Signals()
+    if args.network == "private":
+        try:
+            enter_private_network()
+        except (OSError, LaunchError) as error:
+            log(
+                f"error: cannot create a private network namespace ({error}). "
+                "TensorFlow's servers listen on all interfaces, so the "
+                "launcher keeps them in one. Run as root, allow unprivileged "
+                "user namespaces, or pass --network=host to accept open "
+                "ports while training runs."
+            )
+            return 2
+        log("cluster runs in a private network namespace (loopback only)")
+    cluster = Cluster(args.main, args.main_flags, args.num_ps, args.num_workers)
+    try:
+        cluster.start_servers(args.start_timeout_secs, signals)
+        cluster.start_coordinator()
+        return supervise(cluster, signals, args.stop_timeout_secs)
+    except LaunchError as error:
+        log(f"error: {error}")
+        return 1
+    finally:
+        cluster.stop()
+        log("all tasks stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
