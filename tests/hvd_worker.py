@@ -11,8 +11,9 @@
   differently still compute the same gradients.
 * Observes the run without changing it, writing into `--dump_dir`:
   `pid_rank<r>.txt` and `first_rank<r>.npz` (weights) after the first step,
-  `weights_rank<r>.npz` at the end, and one line per checkpoint written by
-  this rank in `saves_rank<r>.txt`.
+  `weights_rank<r>.npz` and `optimizer_rank<r>.npz` (step counter and
+  momentum slots) at the end, and one line per checkpoint written by this
+  rank in `saves_rank<r>.txt`.
 """
 
 import functools
@@ -62,7 +63,7 @@ def observe_mode(mode, seen):
     def after_step_and_observe(step, model, optimizer):
         after_step(step, model, optimizer)
         if "model" not in seen:
-            seen["model"] = model
+            seen.update(model=model, optimizer=optimizer)
             np.savez(dump_path("first") + ".npz", *model.get_weights())
             with open(dump_path("pid") + ".txt", "w") as stream:
                 stream.write(str(os.getpid()))
@@ -96,6 +97,8 @@ def run(argv):
     code = resnet_main.run(argv)
     if "model" in seen:
         np.savez(dump_path("weights") + ".npz", *seen["model"].get_weights())
+        slots = [v.numpy() for v in seen["optimizer"].variables]
+        np.savez(dump_path("optimizer") + ".npz", *slots)
     return code
 
 

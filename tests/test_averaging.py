@@ -16,8 +16,8 @@ from tf_resnet.errors import UserInputError
 
 def test_averaging_every_step_equals_synchronous_sgd():
     """N=1 with momentum 0.9 and weight decay: the mean of the ranks' updates
-    is the update of the mean gradient, because the momentum slots are
-    averaged too."""
+    is the update of the mean gradient (all of it is linear), and with the
+    slots averaged too each rank also holds synchronous SGD's momentum."""
     sync, averaged = horovod_runs.equivalence_runs(
         Spec("horovod", ranks=2, learning_rate=0.4),
         Spec("averaging", 2, learning_rate=0.8, extra=("--average_every=1",)),
@@ -27,6 +27,11 @@ def test_averaging_every_step_equals_synchronous_sgd():
         horovod_runs.assert_same_weights(
             averaged.weights(rank), sync.weights(), sync.weights(name="first")
         )
+        slots = averaged.weights(rank, name="optimizer")
+        expected = sync.weights(name="optimizer")
+        assert len(slots) == len(expected) > 1
+        for value, reference in zip(slots, expected, strict=True):
+            np.testing.assert_allclose(value, reference, rtol=1e-4, atol=1e-7)
 
 
 def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
@@ -52,22 +57,30 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
             for shard in (0, 1)
         ],
     )
-    mean = [
-        (first + second) / 2
-        for first, second in zip(
-            alone[0].weights(), alone[1].weights(), strict=True
-        )
-    ]
-    # Before the average the ranks really differed (they saw other data).
-    apart = max(
-        float(np.abs(a - b).max())
-        for a, b in zip(alone[0].weights(), alone[1].weights(), strict=True)
-    )
-    assert apart > 1e-2
+
+    def mean_and_spread(name):
+        first, second = (run.weights(name=name) for run in alone)
+        pairs = [
+            (a.astype(np.float64), b)
+            for a, b in zip(first, second, strict=True)
+        ]
+        mean = [(a + b) / 2 for a, b in pairs]
+        return mean, max(float(np.abs(a - b).max()) for a, b in pairs)
+
+    mean, apart = mean_and_spread("weights")
+    assert apart > 1e-2  # Before the average the ranks really differed.
     for rank in (0, 1):
         horovod_runs.assert_same_weights(
             averaged.weights(rank), mean, alone[0].weights(name="first")
         )
+    # The optimizer: step counter 6 everywhere, momentum slots averaged.
+    slots, apart = mean_and_spread("optimizer")
+    assert apart > 1e-4
+    for rank in (0, 1):
+        ours = averaged.weights(rank, name="optimizer")
+        assert ours[0] == slots[0] == horovod_runs.STEPS
+        for value, expected in zip(ours, slots, strict=True):
+            np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-7)
 
 
 def test_average_every_must_be_positive():

@@ -1,6 +1,6 @@
 """`--distribution=horovod` on two real ranks over loopback (gloo).
 
-Every test launches `horovodrun -np 2 -H localhost:2 --gloo` (see
+The training tests launch `horovodrun -np 2 -H localhost:2 --gloo` (see
 horovod_runs.py); none is skipped, as the CI machine has Horovod.
 """
 
@@ -13,6 +13,7 @@ import time
 import horovod_runs
 import numpy as np
 import pytest
+from conftest import run_main
 from horovod_runs import Spec
 
 from data import make_synthetic_cifar
@@ -128,17 +129,19 @@ def _wait_for_pids(started, timeout=180):
 
 
 @pytest.mark.parametrize(
-    "sig, bound",
+    "sig, gloo_timeout, bound",
     [
         # Died: the survivor's next collective fails on the closed socket.
-        (signal.SIGKILL, 30),
-        # Hung (a frozen host): gloo gives up after its 5 s timeout, then
-        # horovodrun kills the stopped rank (5 s grace after SIGTERM).
-        (signal.SIGSTOP, 45),
+        (signal.SIGKILL, 30, 30),
+        # Hung (a frozen host): gloo gives up after its timeout, then
+        # horovodrun kills the stopped rank (5 s grace after SIGTERM). The
+        # timeout also bounds how far apart the ranks may reach hvd.init(),
+        # so it cannot be tiny on a loaded machine.
+        (signal.SIGSTOP, 15, 45),
     ],
     ids=["killed", "hung"],
 )
-def test_losing_a_rank_ends_the_job(sig, bound):
+def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
     flags = [
         *horovod_runs.equivalence_flags(0.1),
         "--distribution=horovod",
@@ -146,7 +149,7 @@ def test_losing_a_rank_ends_the_job(sig, bound):
         "--log_every_steps=100000",
     ]
     started = horovod_runs.start_worker(
-        flags, ranks=2, HOROVOD_GLOO_TIMEOUT_SECONDS="5"
+        flags, ranks=2, HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout)
     )
     pids = []
     try:
@@ -166,9 +169,24 @@ def test_losing_a_rank_ends_the_job(sig, bound):
     assert elapsed < bound, f"took {elapsed:.1f}s\n{output[-2000:]}"
     assert not survivor_alive, "the surviving rank is still running"
     if sig == signal.SIGSTOP:
-        assert "Timed out waiting 5000ms" in output, output[-2000:]
+        assert "Timed out waiting 15000ms" in output, output[-2000:]
 
 
 def test_one_device_per_rank():
     with pytest.raises(UserInputError, match="one device per process"):
         make_mode("horovod", cpu_replicas=2)
+
+
+def test_sync_bn_is_refused_under_horovod():
+    proc = run_main(
+        [
+            "--distribution=horovod",
+            "--sync_bn",
+            "--train_data_path=unused.bin",
+            "--eval_data_path=unused.bin",
+        ]
+    )
+    assert proc.returncode == 2
+    assert "--sync_bn is not supported with --distribution=horovod" in (
+        proc.stderr
+    )

@@ -128,7 +128,7 @@ def test_eval_shards_cover_val_once(tiny):
     assert sorted(np.concatenate(shards)) == [0, 0, 1, 1, 2, 2]
 
 
-def test_training_batches_are_augmented_and_resumable(tiny):
+def test_training_batches_resume_like_an_uninterrupted_run(tiny):
     root, _ = tiny
 
     def batches(start_step, count):

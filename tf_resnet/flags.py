@@ -263,6 +263,14 @@ def check_flags():
         raise UserInputError("--eval_data_path is required (evaluation runs in both modes)")
     if FLAGS.batch_size <= 0:
         raise UserInputError(f"--batch_size must be positive, got {FLAGS.batch_size}")
+    if FLAGS.sync_bn and FLAGS.distribution in ("horovod", "averaging"):
+        # Keras' synchronized BN all-reduces over tf.distribute replicas only;
+        # under Horovod it would silently normalise each rank on its own.
+        raise UserInputError(
+            f"--sync_bn is not supported with --distribution="
+            f"{FLAGS.distribution}: it synchronises tf.distribute replicas "
+            "only (BN moving statistics are still averaged over ranks)"
+        )
 
 
 def config_from_flags():

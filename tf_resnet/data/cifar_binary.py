@@ -22,7 +22,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_resnet.data import pipeline, preprocessing
+from tf_resnet.data import pipeline
 from tf_resnet.errors import DataError
 
 IMAGE_SIZE = 32
@@ -116,24 +116,14 @@ def build(dataset, file_pattern, training, batch_size, **options):
     fmt = FORMATS[dataset]
     files = list_files(file_pattern)
     validate_files(files, fmt)
-    image_size = options.pop("image_size", None)
-    if image_size == IMAGE_SIZE:
-        image_size = None
-    pad = options.pop("pad", 4)
     elements = tf.data.FixedLengthRecordDataset(files, fmt.record_bytes)
-
-    def batch_fn(records, seed):
-        images, labels = _decode_batch(records, fmt)
-        return preprocessing.finish_batch(
-            images, labels, seed, pad=pad, image_size=image_size
-        )
-
     options.setdefault("cache", True)
-    return pipeline.make_pipeline(
+    return pipeline.make_image_pipeline(
         elements,
-        batch_fn,
+        native_size=IMAGE_SIZE,
         training=training,
         batch_size=batch_size,
+        to_images=lambda records: _decode_batch(records, fmt),
         **options,
     )
 

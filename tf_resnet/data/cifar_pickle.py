@@ -21,7 +21,7 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
-from tf_resnet.data import cifar_binary, pipeline, preprocessing
+from tf_resnet.data import cifar_binary, pipeline
 from tf_resnet.errors import DataError
 
 IMAGE_SIZE = 32
@@ -121,27 +121,13 @@ def load_files(file_pattern, dataset):
 def build(dataset, file_pattern, training, batch_size, **options):
     """`tf.data.Dataset` of CIFAR pickle files; see `data.build_dataset`."""
     images, labels = load_files(file_pattern, dataset)
-    image_size = options.pop("image_size", None)
-    if image_size == IMAGE_SIZE:
-        image_size = None
-    pad = options.pop("pad", 4)
     options.setdefault("cache", False)  # Already in memory.
     elements = tf.data.Dataset.from_tensor_slices(
         {"image": images, "label": labels}
     )
-
-    def batch_fn(batch, seed):
-        return preprocessing.finish_batch(
-            batch["image"],
-            batch["label"],
-            seed,
-            pad=pad,
-            image_size=image_size,
-        )
-
-    return pipeline.make_pipeline(
+    return pipeline.make_image_pipeline(
         elements,
-        batch_fn,
+        native_size=IMAGE_SIZE,
         training=training,
         batch_size=batch_size,
         **options,

@@ -16,6 +16,8 @@ that must be the same for every source:
 
 import tensorflow as tf
 
+from tf_resnet.data import preprocessing
+
 AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -81,6 +83,53 @@ def make_pipeline(
     else:
         ds = ds.map(lambda batch: batch_fn(batch, None), AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
+
+
+def make_image_pipeline(
+    elements,
+    *,
+    native_size,
+    training,
+    batch_size,
+    to_images=None,
+    default_pad=4,
+    **options,
+):
+    """`make_pipeline` with the standard image finish of every source.
+
+    Training batches are padded by `pad` (option, default `default_pad`),
+    randomly cropped and flipped; all batches are standardised per image and
+    resized when the `image_size` option differs from `native_size`.
+
+    Args:
+      elements: as for `make_pipeline`.
+      native_size: side length of the source's images.
+      training: as for `make_pipeline`.
+      batch_size: as for `make_pipeline`.
+      to_images: `fn(batch) -> (images, labels)` for batches that are not
+        already dicts with `image` and `label`.
+      default_pad: crop padding when the `pad` option is absent.
+      **options: `image_size`, `pad`, and the options of `make_pipeline`.
+
+    Returns:
+      A `tf.data.Dataset` of `(images float32, labels int32)` batches.
+    """
+    image_size = options.pop("image_size", None)
+    if image_size == native_size:
+        image_size = None
+    pad = options.pop("pad", default_pad)
+    if to_images is None:
+        to_images = lambda batch: (batch["image"], batch["label"])  # noqa: E731
+
+    def batch_fn(batch, seed):
+        images, labels = to_images(batch)
+        return preprocessing.finish_batch(
+            images, labels, seed, pad=pad, image_size=image_size
+        )
+
+    return make_pipeline(
+        elements, batch_fn, training=training, batch_size=batch_size, **options
+    )
 
 
 def _batch_seed(base_seed, step):

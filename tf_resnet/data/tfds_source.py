@@ -19,7 +19,7 @@ to import and other sources do not need it.
 
 import tensorflow as tf
 
-from tf_resnet.data import pipeline, preprocessing
+from tf_resnet.data import pipeline
 from tf_resnet.errors import DataError
 
 SPLITS = {True: "train", False: "test"}
@@ -69,24 +69,10 @@ def load_split(dataset, data_dir, training):
 def build(dataset, data_dir, training, batch_size, **options):
     """`tf.data.Dataset` of a prepared TFDS split; see `data.build_dataset`."""
     elements = load_split(dataset, data_dir, training)
-    image_size = options.pop("image_size", None)
-    if image_size == IMAGE_SIZE:
-        image_size = None
-    pad = options.pop("pad", 4)
     options.setdefault("cache", True)
-
-    def batch_fn(batch, seed):
-        return preprocessing.finish_batch(
-            batch["image"],
-            batch["label"],
-            seed,
-            pad=pad,
-            image_size=image_size,
-        )
-
-    return pipeline.make_pipeline(
+    return pipeline.make_image_pipeline(
         elements,
-        batch_fn,
+        native_size=IMAGE_SIZE,
         training=training,
         batch_size=batch_size,
         **options,

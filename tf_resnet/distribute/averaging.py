@@ -6,10 +6,12 @@ all-reduce, for N steps; then the weights, the BatchNorm moving statistics
 and the optimizer's momentum slots are replaced by their mean over the ranks
 in one fused all-reduce, and every rank continues from that mean.
 
-Averaging the momentum slots too makes N=1 exactly synchronous momentum SGD
-(the mean of the ranks' updates is the update of the mean gradient), and
-keeps a rank's momentum from pulling it back towards its own pre-average
-weights. The step counter is identical on all ranks and is left alone.
+The momentum slots are averaged too: otherwise each rank's momentum keeps
+pushing it along its own shard's direction after every average, and the
+chief's checkpoint would hold only its own momentum. With N=1 the run is
+then exactly synchronous momentum SGD on every rank, weights and slots (the
+mean of the ranks' updates is the update of the mean gradient). The step
+counter is identical on all ranks and is left alone.
 
 Each rank's step is an ordinary update on its own `global_batch / ranks`
 examples, so the learning rate is scaled by that per-rank batch

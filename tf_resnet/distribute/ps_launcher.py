@@ -291,8 +291,9 @@ class _Signals:
 def supervise(cluster, signals, stop_timeout):
     """Waits for the coordinator; returns the launcher's exit code.
 
-    A first signal is forwarded to the coordinator as SIGTERM (checkpoint
-    and exit); a second one, or `stop_timeout`, kills it.
+    A first signal is forwarded to the coordinator (SIGINT as SIGINT, the
+    others as SIGTERM: checkpoint and exit); a second one, or
+    `stop_timeout`, kills it.
     """
     coordinator = cluster.coordinator
     forwarded_at = None
@@ -303,8 +304,12 @@ def supervise(cluster, signals, stop_timeout):
             log(f"{job} {index} exited with code {code}; stopping the cluster")
             return 1
         if signals.received and forwarded_at is None:
-            log(f"{signals.received[0]}: asking the coordinator to stop")
-            coordinator.send_signal(signal.SIGTERM)
+            name = signals.received[0]
+            log(f"{name}: asking the coordinator to stop")
+            # It checkpoints and exits with 128 + the signal number.
+            coordinator.send_signal(
+                signal.SIGINT if name == "SIGINT" else signal.SIGTERM
+            )
             forwarded_at = time.monotonic()
         elif forwarded_at is not None and (
             len(signals.received) > 1

@@ -195,7 +195,7 @@ def read_state_dict(path):
 
 def _read_torch(path):
     try:
-        import torch  # noqa: PLC0415 - optional, only for .pth files.
+        import torch  # Optional: only .pth/.pt files need it.
     except ImportError:
         raise UserInputError(
             f"{path}: reading .pth files needs PyTorch, which is not "
@@ -290,8 +290,8 @@ def load_torchvision_weights(model, path):
     }
     variables = {torch_name(v.path): v for v in model.weights}
     skipped = []
-    file_classes = state.get("fc.weight", np.zeros((0, 0))).shape[0]
-    if "fc.weight" in state and file_classes != model.output_shape[-1]:
+    file_head = state.get("fc.weight")
+    if file_head is not None and file_head.shape[0] != model.output_shape[-1]:
         skipped = sorted(name for name in state if name.startswith("fc."))
         state = {k: v for k, v in state.items() if k not in skipped}
         variables = {k: v for k, v in variables.items() if k not in skipped}
