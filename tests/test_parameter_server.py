@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_main
 
 from tf_resnet.distribute import parameter_server, ps_launcher
 from tf_resnet.errors import UserInputError
@@ -121,10 +121,10 @@ def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
     steps = 60
     run = Launch(
         synthetic_cifar, tmp_path / "run", 2, f"--train_steps={steps}",
-        "--eval_every_steps=1000",
+        "--eval_every_steps=1000", "--log_every_steps=10",
     )  # fmt: skip
     # Both workers have compiled the step by then.
-    run.wait_for(r"step 5/")
+    run.wait_for(r"step 10/")
     pids = run.task_pids()
     # Isolation: the servers listen inside the launcher's private network
     # namespace only; none of their ports is open in ours.
@@ -147,9 +147,11 @@ def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
         run.wait_for(r"steps run per worker: (\[.*\])").group(1)
     )
     assert fast_steps + slow_steps == steps
-    assert fast_steps >= 4 * slow_steps >= 4, run.text  # Measured: 54 vs 6.
+    # Each log line waits for the steps in flight, so the straggler still
+    # gets about one step per log interval.
+    assert fast_steps >= 4 * slow_steps >= 4, run.text
     accuracies = [float(a) for _, a in STEP_LINE.findall(run.text)]
-    assert len(accuracies) >= steps // 5
+    assert len(accuracies) == steps // 10
     assert sum(accuracies[-3:]) / 3 > accuracies[0] + 0.05, accuracies
     assert re.search(
         r"eval at step 60: precision \S+ .* over 200 examples", run.text
@@ -181,6 +183,43 @@ def test_sigterm_checkpoints_stops_all_tasks_and_the_rerun_resumes(
     assert f"eval at step {stopped_at + 10}: precision" in second.text
     assert re.search(r"steps run per worker: \[10\]", second.text)
     assert_all_gone(second.task_pids())
+
+
+@pytest.mark.slow
+def test_one_worker_trains_exactly_like_the_default_mode(
+    synthetic_cifar, tmp_path
+):
+    # One worker runs the steps one after another: the same data, updates,
+    # BatchNorm statistics and momentum as one device, only remote.
+    flags = ["--train_steps=20", "--eval_every_steps=1000"]
+    cluster = Launch(synthetic_cifar, tmp_path / "ps", 1, *flags)
+    local = run_main(
+        [
+            "--dataset=cifar10",
+            f"--train_data_path={synthetic_cifar['train']}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--log_root={tmp_path / 'local'}",
+            "--model=resnet20",
+            "--batch_size=32",
+            "--shuffle_buffer=500",
+            "--log_every_steps=5",
+            *flags,
+        ]  # fmt: skip
+    )
+    assert local.returncode == 0, local.stderr
+    assert cluster.wait() == 0, cluster.text
+    loss = re.compile(r"step (\d+)/20 .*: loss ([0-9.]+)")
+    precision = re.compile(r"eval at step 20: precision ([0-9.]+)")
+    ps_losses = [(int(s), float(v)) for s, v in loss.findall(cluster.text)]
+    losses = [(int(s), float(v)) for s, v in loss.findall(local.stderr)]
+    assert (
+        [s for s, _ in ps_losses] == [s for s, _ in losses] == [5, 10, 15, 20]
+    )
+    for (_, ps_value), (_, value) in zip(ps_losses, losses, strict=True):
+        assert ps_value == pytest.approx(value, abs=0.02)
+    assert float(precision.search(cluster.text)[1]) == pytest.approx(
+        float(precision.search(local.stderr)[1]), abs=0.02
+    )
 
 
 def test_cluster_from_flags():

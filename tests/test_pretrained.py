@@ -1,12 +1,10 @@
 """ImageNet weight import and backbone freezing for fine-tuning."""
 
-import json
-import struct
-
 import h5py
 import keras
 import numpy as np
 import pytest
+import safetensors.numpy
 import tensorflow as tf
 from conftest import run_main, write_cifar_records
 
@@ -49,21 +47,10 @@ def randomize_batch_norm(model, seed=0):
 
 
 def write_safetensors(path, tensors):
-    """The documented layout: u64 header size, JSON header, raw data."""
-    header, chunks, offset = {}, [], 0
-    for name, value in tensors.items():
-        data = np.ascontiguousarray(value, "<f4").tobytes()
-        header[name] = {
-            "dtype": "F32",
-            "shape": list(value.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        chunks.append(data)
-        offset += len(data)
-    encoded = json.dumps(header).encode()
-    with open(path, "wb") as stream:
-        stream.write(struct.pack("<Q", len(encoded)) + encoded)
-        stream.write(b"".join(chunks))
+    safetensors.numpy.save_file(
+        {k: np.ascontiguousarray(v, np.float32) for k, v in tensors.items()},
+        str(path),
+    )
 
 
 @pytest.fixture(scope="module")

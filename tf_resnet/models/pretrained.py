@@ -20,10 +20,8 @@ is the backbone, which `--freeze_backbone_epochs` freezes and
 `--backbone_lr_multiplier` slows down.
 """
 
-import json
 import os
 import re
-import struct
 
 import keras
 import numpy as np
@@ -54,13 +52,6 @@ _TORCH_NAMES = (
     (r"/moving_mean$", "/running_mean"),
     (r"/moving_variance$", "/running_var"),
 )
-_SAFETENSORS_DTYPES = {
-    "F16": "<f2",
-    "F32": "<f4",
-    "F64": "<f8",
-    "I32": "<i4",
-    "I64": "<i8",
-}
 
 
 def build(name, source, build_fn, num_classes, input_shape, options):
@@ -216,31 +207,14 @@ def _read_torch(path):
 
 
 def _read_safetensors(path):
-    """Reads the documented layout: u64 header size, JSON header, data."""
-    with open(path, "rb") as file:
-        blob = file.read()
+    import safetensors.numpy  # Only .safetensors files need it.
+
     try:
-        (header_size,) = struct.unpack("<Q", blob[:8])
-        header = json.loads(blob[8 : 8 + header_size])
-    except (struct.error, ValueError) as error:
+        return safetensors.numpy.load_file(path)
+    except Exception as error:  # A Rust-side SafetensorError, or OSError.
         raise UserInputError(
             f"{path}: not a safetensors file ({error})"
         ) from None
-    data = memoryview(blob)[8 + header_size :]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _SAFETENSORS_DTYPES.get(entry["dtype"])
-        if dtype is None:
-            raise UserInputError(
-                f"{path}: tensor {name} has unsupported dtype {entry['dtype']}"
-            )
-        start, end = entry["data_offsets"]
-        tensors[name] = np.frombuffer(data[start:end], dtype).reshape(
-            entry["shape"]
-        )
-    return tensors
 
 
 def _to_keras_layout(value):
