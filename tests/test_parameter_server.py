@@ -19,7 +19,7 @@ from conftest import ROOT, run_main
 from tf_resnet.distribute import parameter_server, ps_launcher
 from tf_resnet.errors import UserInputError
 
-STEP_LINE = re.compile(r"step (\d+)/\d+ .*accuracy ([0-9.]+)")
+STEP_LINE = re.compile(r"step (\d+)/\d+ .*: loss ([0-9.]+), accuracy ([0-9.]+)")
 
 
 class Launch:
@@ -119,9 +119,11 @@ def assert_all_gone(pids):
 @pytest.mark.slow
 def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
     steps = 60
+    # Without momentum: stale gradients from the straggler plus momentum 0.9
+    # make the loss of this short run jump around (measured), with 0 it falls.
     run = Launch(
         synthetic_cifar, tmp_path / "run", 2, f"--train_steps={steps}",
-        "--eval_every_steps=1000", "--log_every_steps=10",
+        "--eval_every_steps=1000", "--log_every_steps=10", "--momentum=0",
     )  # fmt: skip
     # Both workers have compiled the step by then.
     run.wait_for(r"step 10/")
@@ -147,11 +149,15 @@ def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
         run.wait_for(r"steps run per worker: (\[.*\])").group(1)
     )
     assert fast_steps + slow_steps == steps
+    # Synchronous SGD would split them 30/30 (so did this run unslowed).
     # Each log line waits for the steps in flight, so the straggler still
-    # gets about one step per log interval.
-    assert fast_steps >= 4 * slow_steps >= 4, run.text
-    accuracies = [float(a) for _, a in STEP_LINE.findall(run.text)]
-    assert len(accuracies) == steps // 10
+    # gets about one step per log interval: measured 49-50 vs 10-11.
+    assert fast_steps >= 3 * slow_steps >= 3, run.text
+    logged = STEP_LINE.findall(run.text)
+    assert [int(step) for step, _, _ in logged] == [10, 20, 30, 40, 50, 60]
+    losses = [float(loss) for _, loss, _ in logged]
+    accuracies = [float(accuracy) for _, _, accuracy in logged]
+    assert max(losses[-3:]) < losses[0] - 0.3, losses
     assert sum(accuracies[-3:]) / 3 > accuracies[0] + 0.05, accuracies
     assert re.search(
         r"eval at step 60: precision \S+ .* over 200 examples", run.text
@@ -216,10 +222,24 @@ def test_one_worker_trains_exactly_like_the_default_mode(
         [s for s, _ in ps_losses] == [s for s, _ in losses] == [5, 10, 15, 20]
     )
     for (_, ps_value), (_, value) in zip(ps_losses, losses, strict=True):
-        assert ps_value == pytest.approx(value, abs=0.02)
+        assert ps_value == pytest.approx(value, abs=0.01)
     assert float(precision.search(cluster.text)[1]) == pytest.approx(
         float(precision.search(local.stderr)[1]), abs=0.02
     )
+
+
+@pytest.mark.slow
+def test_a_lost_worker_stops_the_cluster_instead_of_hanging(
+    synthetic_cifar, tmp_path
+):
+    # The coordinator alone would wait forever for the worker to return.
+    run = Launch(synthetic_cifar, tmp_path / "run", 1, "--train_steps=1000")
+    run.wait_for(r"step 5/")
+    pids = run.task_pids()
+    os.kill(pids["worker 0"], signal.SIGKILL)
+    assert run.wait(timeout=60) == 1, run.text
+    assert "worker 0 exited with code -9; stopping the cluster" in run.text
+    assert_all_gone(pids)
 
 
 def test_cluster_from_flags():

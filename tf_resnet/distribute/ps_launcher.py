@@ -326,11 +326,11 @@ def supervise(cluster, signals, stop_timeout):
 def main(argv=None):
     """Starts the cluster, trains, stops it; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
     if "tensorflow" in sys.modules or len(os.listdir("/proc/self/task")) > 1:
         # Started with `python -m`, which imported the package (and with it
         # TensorFlow and its threads): start over as a plain script.
         os.execv(sys.executable, [sys.executable, "-I", __file__, *argv])
-    args = parse_args(argv)
     signals = _Signals()
     if args.network == "private":
         try:
@@ -345,6 +345,8 @@ def main(argv=None):
             )
             return 2
         log("cluster runs in a private network namespace (loopback only)")
+    else:
+        log("--network=host: the servers listen on all network interfaces")
     cluster = Cluster(args.main, args.main_flags, args.num_ps, args.num_workers)
     try:
         cluster.start_servers(args.start_timeout_secs, signals)
