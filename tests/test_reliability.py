@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import horovod_runs
 import numpy as np
 import pytest
 from conftest import ROOT, run_main
@@ -93,8 +94,11 @@ def test_sigterm_writes_a_final_checkpoint_and_flushes_events(
     proc.send_signal(signal.SIGTERM)
     rest = proc.stderr.read()
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
-    stopped = re.search(r"stopped: SIGTERM at step (\d+): checkpoint written "
-                        r"to (\S+)", rest)
+    stopped = re.search(
+        r"stopped: SIGTERM at step (\d+): checkpoint written "
+        r"to (\S+)",
+        rest,
+    )
     assert stopped, rest[-2000:]
     step = int(stopped.group(1))
     assert stopped.group(2).endswith(f"ckpt-{step}")
@@ -105,13 +109,20 @@ def test_sigterm_writes_a_final_checkpoint_and_flushes_events(
 
 def test_nan_loss_stops_naming_step_and_checkpoint(synthetic_cifar, tmp_path):
     proc = run_main(
-        train_args(synthetic_cifar, tmp_path, "--learning_rate=1e12",
-                   "--checkpoint_every_steps=1", "--nodeterministic")
+        train_args(
+            synthetic_cifar,
+            tmp_path,
+            "--learning_rate=1e12",
+            "--checkpoint_every_steps=1",
+            "--nodeterministic",
+        )
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     message = re.search(
         r"diverged: loss is (nan|inf) at step (\d+); last good checkpoint: "
-        r"(\S+)", proc.stderr)
+        r"(\S+)",
+        proc.stderr,
+    )
     assert message, proc.stderr[-2000:]
     step = int(message.group(2))
     last_good = message.group(3)
@@ -123,7 +134,8 @@ def tmpfs(path, options):
     os.makedirs(path, exist_ok=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if mounted.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
@@ -138,7 +150,8 @@ def test_read_only_log_root_fails_before_training(synthetic_cifar, tmp_path):
         proc = run_main(train_args(synthetic_cifar, log_root))
     assert proc.returncode == 2
     assert f"{log_root}: cannot write here (Read-only file system)" in (
-        proc.stderr)
+        proc.stderr
+    )
 
 
 def test_full_disk_while_checkpointing_keeps_last_checkpoint(
@@ -146,8 +159,9 @@ def test_full_disk_while_checkpointing_keeps_last_checkpoint(
 ):
     # resnet20 checkpoints take 2.2 MB: the second one does not fit in 3 MB.
     with tmpfs(tmp_path / "small", "size=3m") as log_root:
-        proc = run_main(train_args(synthetic_cifar, log_root,
-                                   "--eval_every_steps=100"))
+        proc = run_main(
+            train_args(synthetic_cifar, log_root, "--eval_every_steps=100")
+        )
         kept = tmp_path / "kept"
         shutil.copytree(log_root, kept)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -155,10 +169,51 @@ def test_full_disk_while_checkpointing_keeps_last_checkpoint(
     assert "No space left on device" in proc.stderr
     assert f"latest complete checkpoint is {log_root}/ckpt-2" in proc.stderr
     # What was written before the disk filled is intact and usable.
-    evaluated = run_main([
-        "--mode=eval", "--eval_once", f"--log_root={kept}",
-        f"--eval_data_path={synthetic_cifar['eval']}", "--batch_size=16",
-        "--eval_batch_count=1",
-    ])
+    evaluated = run_main(
+        [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={kept}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            "--batch_size=16",
+            "--eval_batch_count=1",
+        ]
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert re.search(r"eval \S+ckpt-2: precision", evaluated.stderr)
+
+
+def test_horovod_ranks_resume_together_like_an_uninterrupted_run(
+    synthetic_cifar, tmp_path
+):
+    """A 2-rank run stopped at step 12 resumes on both ranks from there."""
+
+    flags = [
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        "--distribution=horovod",
+        "--model=resnet8",
+        "--batch_size=32",
+        "--train_steps=20",
+        "--checkpoint_every_steps=4",
+        "--eval_every_steps=10",
+        "--eval_batch_count=2",
+        "--log_every_steps=4",
+        "--deterministic",
+    ]
+    pieces = [*flags, f"--log_root={tmp_path / 'pieces'}", "--steps_per_run=12"]
+    straight, _ = horovod_runs.run_workers(
+        ([*flags, f"--log_root={tmp_path / 'straight'}"], 2), (pieces, 2)
+    )
+    (second,) = horovod_runs.run_workers((pieces, 2))
+    for rank in (0, 1):
+        assert re.search(
+            rf"\[{rank}\]<stderr>:.*resumed from \S+ckpt-12 at step 12",
+            second.output,
+        ), second.output[-3000:]
+    for ours, theirs, other_rank in zip(
+        straight.weights(0), second.weights(0), second.weights(1), strict=True
+    ):
+        np.testing.assert_array_equal(theirs, other_rank)
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert eval_rows(tmp_path / "straight") == eval_rows(tmp_path / "pieces")
