@@ -15,7 +15,6 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
-import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
@@ -34,6 +33,8 @@ def run(argv):
     """Runs the job the flags describe; returns the process exit code."""
     del argv
     try:
+        # Thread pools are fixed when TensorFlow initialises: set them first.
+        policy = resnet_flags.apply_performance_flags()
         server = parameter_server.server_task(
             FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index
         )
@@ -42,7 +43,7 @@ def run(argv):
             return 0
         config = resnet_flags.config_from_flags()
         mode = make_mode(FLAGS.distribution, FLAGS.num_gpus, FLAGS.cpu_replicas)
-        keras.config.set_dtype_policy(FLAGS.dtype)
+        logging.info("dtype policy %s (--dtype=%s)", policy, FLAGS.dtype)
         if FLAGS.deterministic:
             tf.config.experimental.enable_op_determinism()
         try:

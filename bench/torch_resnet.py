@@ -155,12 +155,15 @@ def count_parameters(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def make_train_step(model, learning_rate=0.1, momentum=0.9, weight_decay=1e-4):
+def make_train_step(
+    model, learning_rate=0.1, momentum=0.9, weight_decay=1e-4, bfloat16=False
+):
     """SGD with momentum and L2, the update of `tf_resnet.train_loop`.
 
     PyTorch's `weight_decay` adds `wd * w` to every parameter's gradient;
     tf_resnet decays conv and dense kernels only, so biases and batch-norm
-    parameters go in a group without decay.
+    parameters go in a group without decay. `bfloat16=True` runs forward
+    and loss under `torch.autocast` (PyTorch's mixed_bfloat16).
     """
     decayed = [p for p in model.parameters() if p.dim() > 1]
     others = [p for p in model.parameters() if p.dim() <= 1]
@@ -176,8 +179,9 @@ def make_train_step(model, learning_rate=0.1, momentum=0.9, weight_decay=1e-4):
 
     def train_step(images, labels):
         optimizer.zero_grad(set_to_none=True)
-        logits = model(images)
-        loss = loss_fn(logits, labels)
+        with torch.autocast("cpu", torch.bfloat16, enabled=bfloat16):
+            logits = model(images)
+            loss = loss_fn(logits.float(), labels)
         loss.backward()
         optimizer.step()
         return loss

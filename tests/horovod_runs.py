@@ -180,6 +180,8 @@ def equivalence_flags(learning_rate, batch_size=GLOBAL_BATCH, train="train"):
         "--eval_every_steps=1000",
         "--checkpoint_every_steps=1000",
         "--seed=3",
+        # Equal to 1e-4 needs float32 (--dtype=auto is bf16 on AMX CPUs).
+        "--dtype=float32",
     ]
 
 

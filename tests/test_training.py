@@ -137,6 +137,7 @@ def test_eval_mode_evaluates_latest_checkpoint_once(trained, tmp_path):
             f"--eval_data_path={cfg.eval_data_path}",
             f"--train_data_path={cfg.train_data_path}",
             "--batch_size=32",
+            "--dtype=float32",  # As `trained` (auto is bf16 on AMX CPUs).
         ]
     )
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -6,6 +6,10 @@ and of the Ray ResNet example are kept: `--dataset --mode --train_data_path
 --eval_once --num_gpus --image_size`.
 """
 
+import os
+
+import keras
+import tensorflow as tf
 from absl import flags
 
 from tf_resnet import data, models
@@ -17,82 +21,144 @@ FLAGS = flags.FLAGS
 
 
 def define_data_flags():
+    """Which dataset, where its files are and how it is read."""
     flags.DEFINE_enum("dataset", "cifar10", sorted(data.DATASETS), "Dataset.")
     flags.DEFINE_string(
-        "data_source", "binary", "On-disk format: binary (official CIFAR "
+        "data_source",
+        "binary",
+        "On-disk format: binary (official CIFAR "
         "binaries), pickle (official CIFAR python pickles: data_batch_*, "
         "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
         "tensorflow-datasets in --tfds_data_dir; never downloads), folder "
-        "(--dataset=tinyimagenet: tiny-imagenet-200 root as both data paths)."
+        "(--dataset=tinyimagenet: tiny-imagenet-200 root as both data paths).",
     )
     flags.DEFINE_string(
-        "tfds_data_dir", "", "--data_source=tfds: TFDS data dir of the "
-        "prepared dataset (empty: ~/tensorflow_datasets), for both splits."
+        "tfds_data_dir",
+        "",
+        "--data_source=tfds: TFDS data dir of the "
+        "prepared dataset (empty: ~/tensorflow_datasets), for both splits.",
     )
     flags.DEFINE_string(
-        "train_data_path", "", "Glob of training files, e.g. "
-        "cifar-10-batches-bin/data_batch*, cifar-100-binary/train.bin."
+        "train_data_path",
+        "",
+        "Glob of training files, e.g. "
+        "cifar-10-batches-bin/data_batch*, cifar-100-binary/train.bin.",
     )
     flags.DEFINE_string(
-        "eval_data_path", "", "Glob of evaluation files, e.g. "
-        "cifar-10-batches-bin/test_batch.bin."
+        "eval_data_path",
+        "",
+        "Glob of evaluation files, e.g. cifar-10-batches-bin/test_batch.bin.",
     )
     flags.DEFINE_integer(
-        "image_size", None, "Side of the model input; images are resized "
-        "when it differs from the dataset's (e.g. 224 for ImageNet weights)."
+        "image_size",
+        None,
+        "Side of the model input; images are resized "
+        "when it differs from the dataset's (e.g. 224 for ImageNet weights).",
     )
     flags.DEFINE_integer("shuffle_buffer", 10_000, "Training shuffle buffer.")
 
 
 def define_run_flags():
+    """Train or eval, where outputs go, how often to log/eval/checkpoint."""
     flags.DEFINE_enum("mode", "train", ["train", "eval"], "train or eval.")
     flags.DEFINE_string(
-        "log_root", "/tmp/resnet_model", "Checkpoints, eval.csv and the "
-        "learning curve go here; a run resumes from its latest checkpoint."
+        "log_root",
+        "/tmp/resnet_model",
+        "Checkpoints, eval.csv and the "
+        "learning curve go here; a run resumes from its latest checkpoint.",
     )
-    flags.DEFINE_string("train_dir", "", "TensorBoard train dir (default log_root/train).")
-    flags.DEFINE_string("eval_dir", "", "TensorBoard eval dir (default log_root/eval).")
+    flags.DEFINE_string(
+        "train_dir", "", "TensorBoard train dir (default log_root/train)."
+    )
+    flags.DEFINE_string(
+        "eval_dir", "", "TensorBoard eval dir (default log_root/eval)."
+    )
     flags.DEFINE_integer(
-        "eval_batch_count", 0, "Evaluate only this many batches (0: all records)."
-    )
-    flags.DEFINE_bool("eval_once", False, "--mode=eval: evaluate the latest checkpoint once.")
-    flags.DEFINE_float(
-        "eval_timeout_secs", 3600, "--mode=eval: stop after this long without a new checkpoint."
-    )
-    flags.DEFINE_integer("eval_every_steps", 0, "Evaluate while training every N steps (0: each epoch).")
-    flags.DEFINE_integer("checkpoint_every_steps", 0, "Checkpoint every N steps (0: at each evaluation).")
-    flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept in log_root.")
-    flags.DEFINE_integer(
-        "steps_per_run", 0, "Stop (with a checkpoint) after this many steps in "
-        "this invocation; rerun to continue. For time-sliced batch queues."
+        "eval_batch_count",
+        0,
+        "Evaluate only this many batches (0: all records).",
     )
     flags.DEFINE_bool(
-        "deterministic", False, "tf.config.experimental.enable_op_determinism(): "
-        "bit-identical runs and resumes, somewhat slower."
+        "eval_once", False, "--mode=eval: evaluate the latest checkpoint once."
     )
-    flags.DEFINE_integer("log_every_steps", 100, "Progress line and train summaries every N steps.")
-    flags.DEFINE_integer("seed", 0, "Seed of weights, shuffling and augmentation.")
+    flags.DEFINE_float(
+        "eval_timeout_secs",
+        3600,
+        "--mode=eval: stop after this long without a new checkpoint.",
+    )
+    flags.DEFINE_integer(
+        "eval_every_steps",
+        0,
+        "Evaluate while training every N steps (0: each epoch).",
+    )
+    flags.DEFINE_integer(
+        "checkpoint_every_steps",
+        0,
+        "Checkpoint every N steps (0: at each evaluation).",
+    )
+    flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept in log_root.")
+    flags.DEFINE_integer(
+        "steps_per_run",
+        0,
+        "Stop (with a checkpoint) after this many steps in "
+        "this invocation; rerun to continue. For time-sliced batch queues.",
+    )
+    flags.DEFINE_bool(
+        "deterministic",
+        False,
+        "tf.config.experimental.enable_op_determinism(): "
+        "bit-identical runs and resumes, somewhat slower.",
+    )
+    flags.DEFINE_integer(
+        "log_every_steps",
+        100,
+        "Progress line and train summaries every N steps.",
+    )
+    flags.DEFINE_integer(
+        "seed", 0, "Seed of weights, shuffling and augmentation."
+    )
 
 
 def define_training_flags():
-    flags.DEFINE_enum("model", "resnet20", sorted(models.MODELS), "Architecture.")
+    """Model, batch, schedule and optimizer (the paper's by default)."""
     flags.DEFINE_enum(
-        "shortcut", None, ["zero_pad", "projection"], "Shortcut on shape changes "
-        "(default: the model's own: zero_pad for CIFAR ResNets)."
+        "model", "resnet20", sorted(models.MODELS), "Architecture."
     )
-    flags.DEFINE_bool("sync_bn", False, "Synchronise BatchNorm batch statistics across replicas.")
+    flags.DEFINE_enum(
+        "shortcut",
+        None,
+        ["zero_pad", "projection"],
+        "Shortcut on shape changes "
+        "(default: the model's own: zero_pad for CIFAR ResNets).",
+    )
+    flags.DEFINE_bool(
+        "sync_bn",
+        False,
+        "Synchronise BatchNorm batch statistics across replicas.",
+    )
     flags.DEFINE_integer(
-        "batch_size", 128, "GLOBAL batch size: split over all replicas of all workers."
+        "batch_size",
+        128,
+        "GLOBAL batch size: split over all replicas of all workers.",
     )
-    flags.DEFINE_integer("eval_batch_size", 0, "Evaluation batch per process (0: --batch_size).")
-    flags.DEFINE_integer("train_steps", 0, "Optimizer steps (0: use --train_epochs, else 64000).")
+    flags.DEFINE_integer(
+        "eval_batch_size", 0, "Evaluation batch per process (0: --batch_size)."
+    )
+    flags.DEFINE_integer(
+        "train_steps", 0, "Optimizer steps (0: use --train_epochs, else 64000)."
+    )
     flags.DEFINE_float("train_epochs", 0, "Epochs, when --train_steps is 0.")
     flags.DEFINE_float(
-        "learning_rate", 0.1, "Learning rate at batch 128; scaled linearly with the batch of one update."
+        "learning_rate",
+        0.1,
+        "Learning rate at batch 128; scaled linearly with the batch of one "
+        "update.",
     )
     flags.DEFINE_list(
-        "lr_decay_fractions", ["0.5", "0.75"], "Fractions of the run at which the rate drops "
-        "(the paper: 32k and 48k of 64k steps)."
+        "lr_decay_fractions",
+        ["0.5", "0.75"],
+        "Fractions of the run at which the rate drops "
+        "(the paper: 32k and 48k of 64k steps).",
     )
     flags.DEFINE_float("lr_decay_rate", 0.1, "Factor applied at each decay.")
     flags.DEFINE_float("warmup_epochs", 0, "Linear learning-rate warm-up.")
@@ -101,39 +167,126 @@ def define_training_flags():
 
 
 def define_performance_flags():
+    """Speed settings; bench/README.md has the measurements behind them."""
     flags.DEFINE_enum(
-        "dtype", "float32", ["float32", "float64", "mixed_bfloat16", "mixed_float16"],
-        "Keras dtype policy. mixed_float16 (GPU) adds loss scaling; float64 is "
-        "for numerical verification.",
+        "dtype",
+        "auto",
+        ["auto", "float32", "float64", "mixed_bfloat16", "mixed_float16"],
+        "Keras dtype policy. auto: mixed_bfloat16 on a CPU-only machine "
+        "whose CPU has AMX-BF16 (measured 1.5x faster training, same "
+        "accuracy), else float32. mixed_float16 (GPU) adds loss scaling; "
+        "float64 is for numerical verification.",
     )
+    flags.DEFINE_bool(
+        "xla",
+        False,
+        "Compile the forward and backward pass with XLA. Off "
+        "by default: 2.6x slower on CPU (XLA's CPU convolutions bypass "
+        "oneDNN); worth trying on GPUs.",
+    )
+    flags.DEFINE_integer(
+        "intra_op_threads",
+        0,
+        "Threads one op may use (0: TensorFlow's default, one per core).",
+        lower_bound=0,
+    )
+    flags.DEFINE_integer(
+        "inter_op_threads",
+        0,
+        "Ops run concurrently (0: TensorFlow's default, one per core).",
+        lower_bound=0,
+    )
+
+
+def cpu_has_amx_bf16(cpuinfo="/proc/cpuinfo"):
+    """Whether the CPU advertises AMX-BF16 (Linux; False when unknown)."""
+    try:
+        with open(cpuinfo, encoding="utf-8") as stream:
+            return any(
+                line.startswith("flags") and "amx_bf16" in line.split()
+                for line in stream
+            )
+    except OSError:
+        return False
+
+
+def resolve_dtype(name):
+    """The Keras dtype policy of `--dtype`, with `auto` resolved.
+
+    bfloat16 pays on CPUs with AMX tiles and TF's oneDNN kernels (without
+    them bfloat16 is emulated and slower); GPUs keep float32 unless asked,
+    as mixed precision there is not measured on this project's machines.
+    """
+    if name != "auto":
+        return name
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower()
+    if (
+        onednn not in ("0", "false")
+        and not tf.config.list_physical_devices("GPU")
+        and cpu_has_amx_bf16()
+    ):
+        return "mixed_bfloat16"
+    return "float32"
+
+
+def apply_performance_flags():
+    """Sets thread pools and the dtype policy; returns the policy name.
+
+    Must run before TensorFlow initialises its runtime (thread pools are
+    fixed then).
+    """
+    tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
+    tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_threads)
+    if not tf.config.list_physical_devices("GPU"):
+        # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at
+        # its 1 ms default it takes CPU from ranks sharing the cores (2
+        # ranks on 2 cores: 1.63x -> 1.78x one rank, bench/scaling.py).
+        # horovodrun --cycle-time-ms still wins.
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+    policy = resolve_dtype(FLAGS.dtype)
+    keras.config.set_dtype_policy(policy)
+    return policy
 
 
 def define_finetune_flags():
     """Presets, model variants and ImageNet fine-tuning."""
     flags.DEFINE_enum(
-        "preset", None, sorted(PRESETS), "Hyperparameters of a course "
-        "assignment (docs/recipes.md); flags given explicitly still win."
+        "preset",
+        None,
+        sorted(PRESETS),
+        "Hyperparameters of a course "
+        "assignment (docs/recipes.md); flags given explicitly still win.",
     )
     flags.DEFINE_enum(
-        "stem", None, ["imagenet", "cifar"], "resnet18/34/50: 7x7/2 conv + "
-        "max pool (ImageNet, default) or 3x3/1 conv (small images)."
+        "stem",
+        None,
+        ["imagenet", "cifar"],
+        "resnet18/34/50: 7x7/2 conv + "
+        "max pool (ImageNet, default) or 3x3/1 conv (small images).",
     )
     flags.DEFINE_float(
         "dropout_rate", None, "course_resnet: dropout after the first conv."
     )
     flags.DEFINE_string(
-        "pretrained", "", "Start from ImageNet weights: 'imagenet' (Keras' "
+        "pretrained",
+        "",
+        "Start from ImageNet weights: 'imagenet' (Keras' "
         "ResNet50 file in ~/.keras/models/, resnet50 only) or a local "
         "torchvision state dict (.pth/.npz/.safetensors, resnet18/34/50). "
-        "The classifier is re-initialised for the dataset's classes."
+        "The classifier is re-initialised for the dataset's classes.",
     )
     flags.DEFINE_float(
-        "freeze_backbone_epochs", 0, "Train only the classifier for this "
-        "many epochs (backbone BatchNorm in inference mode), then everything."
+        "freeze_backbone_epochs",
+        0,
+        "Train only the classifier for this "
+        "many epochs (backbone BatchNorm in inference mode), then everything.",
     )
     flags.DEFINE_float(
-        "backbone_lr_multiplier", 1.0, "Learning rate of everything but the "
-        "classifier, relative to --learning_rate.", lower_bound=0.0
+        "backbone_lr_multiplier",
+        1.0,
+        "Learning rate of everything but the "
+        "classifier, relative to --learning_rate.",
+        lower_bound=0.0,
     )
 
 
@@ -211,17 +364,27 @@ def finetune_model_options():
 
 
 def define_distribution_flags():
+    """How replicas, processes and machines share the work."""
     flags.DEFINE_enum(
-        "distribution", "auto", list(DISTRIBUTIONS), "How replicas combine: auto "
-        "(mirrored when several devices, else default)."
-    )
-    flags.DEFINE_integer("num_gpus", 0, "GPUs of this machine to use (MirroredStrategy when >1).")
-    flags.DEFINE_integer(
-        "cpu_replicas", 1, "Split the CPU into N logical devices (to exercise "
-        "MirroredStrategy without GPUs)."
+        "distribution",
+        "auto",
+        list(DISTRIBUTIONS),
+        "How replicas combine: auto "
+        "(mirrored when several devices, else default).",
     )
     flags.DEFINE_integer(
-        "average_every", 1, "--distribution=averaging: local steps per rank "
+        "num_gpus", 0, "GPUs of this machine to use (MirroredStrategy when >1)."
+    )
+    flags.DEFINE_integer(
+        "cpu_replicas",
+        1,
+        "Split the CPU into N logical devices (to exercise "
+        "MirroredStrategy without GPUs).",
+    )
+    flags.DEFINE_integer(
+        "average_every",
+        1,
+        "--distribution=averaging: local steps per rank "
         "between weight averages (1: synchronous SGD at 1/ranks of the rate).",
         lower_bound=1,
     )
@@ -230,8 +393,11 @@ def define_distribution_flags():
     flags.DEFINE_list("ps_hosts", [], "host:port of each parameter server.")
     flags.DEFINE_list("worker_hosts", [], "host:port of each worker.")
     flags.DEFINE_enum(
-        "job_name", None, ["chief", "ps", "worker"], "This process's task: "
-        "ps and worker serve until killed; chief (default) trains."
+        "job_name",
+        None,
+        ["chief", "ps", "worker"],
+        "This process's task: "
+        "ps and worker serve until killed; chief (default) trains.",
     )
     flags.DEFINE_integer(
         "task_index", 0, "Index of this task within --job_name.", lower_bound=0
@@ -239,6 +405,7 @@ def define_distribution_flags():
 
 
 def define_all():
+    """Every flag group of resnet_main.py."""
     define_data_flags()
     define_run_flags()
     define_training_flags()
@@ -260,9 +427,13 @@ def check_flags():
     elif FLAGS.mode == "train" and not FLAGS.train_data_path:
         raise UserInputError("--mode=train needs --train_data_path")
     elif not FLAGS.eval_data_path:
-        raise UserInputError("--eval_data_path is required (evaluation runs in both modes)")
+        raise UserInputError(
+            "--eval_data_path is required (evaluation runs in both modes)"
+        )
     if FLAGS.batch_size <= 0:
-        raise UserInputError(f"--batch_size must be positive, got {FLAGS.batch_size}")
+        raise UserInputError(
+            f"--batch_size must be positive, got {FLAGS.batch_size}"
+        )
     if FLAGS.sync_bn and FLAGS.distribution in ("horovod", "averaging"):
         # Keras' synchronized BN all-reduces over tf.distribute replicas only;
         # under Horovod it would silently normalise each rank on its own.
@@ -318,4 +489,5 @@ def config_from_flags():
         pretrained=FLAGS.pretrained,
         freeze_backbone_epochs=FLAGS.freeze_backbone_epochs,
         backbone_lr_multiplier=FLAGS.backbone_lr_multiplier,
+        xla=FLAGS.xla,
     )

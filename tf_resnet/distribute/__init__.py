@@ -11,7 +11,12 @@ from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import UserInputError
 
 DISTRIBUTIONS = (
-    "auto", "default", "mirrored", "horovod", "averaging", "parameter_server"
+    "auto",
+    "default",
+    "mirrored",
+    "horovod",
+    "averaging",
+    "parameter_server",
 )
 # One process per replica, launched by horovodrun/mpirun; Horovod is imported
 # only when one of these is asked for, so other modes work without it.

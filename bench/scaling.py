@@ -1,0 +1,224 @@
+"""Horovod scaling on one machine: 2 ranks x 1 thread vs 1 rank x 1 thread.
+
+  .venv/bin/python bench/scaling.py
+
+Each configuration is a real `horovodrun --gloo` job running the training
+step of `--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one
+fused all-reduce of the gradients and one of the step metrics per step) on
+a fixed batch of 128 per rank (weak scaling: the global batch grows with
+the ranks, the work per rank stays the same). Jobs alternate, one of each
+per round, so load from elsewhere hits all alike; a round's sample is the
+median of its blocks. A 1-process, 2-thread run without Horovod is the
+context row: what the same 2 cores give without data parallelism.
+
+The all-reduce time is measured in the same job: the mode's
+`all_reduce_gradients` on tensors shaped like the gradients plus its
+metric `reduce_sum`, timed alone, as a fraction of the step.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+import train_step  # noqa: E402
+
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+RESULT = "SCALING_RESULT "
+
+
+def run_rank(spec):
+    """One rank (or the plain process): time steps and the all-reduce."""
+    import keras
+    import tensorflow as tf
+
+    from tf_resnet import flags, train_loop
+    from tf_resnet.distribute import make_mode
+
+    common.set_tf_threads(spec["threads"], spec["threads"])
+    keras.config.set_dtype_policy(flags.resolve_dtype(spec["dtype"]))
+    keras.utils.set_random_seed(0)
+    mode = make_mode(spec["distribution"])
+    data = common.DATA["cifar10"]
+    config = train_loop.TrainConfig(
+        train_data_path=data["path"],
+        model=spec["model"],
+        batch_size=spec["batch"] * mode.num_replicas,
+    )
+    mode.set_global_batch(config.batch_size)
+    model, optimizer = train_loop.build_model_and_optimizer(
+        config, mode, total_steps=100_000
+    )
+    mode.broadcast_initial_state(model, optimizer)
+    step = mode.make_train_step(
+        train_loop.make_replica_fn(model, optimizer, mode, config)
+    )
+    batch = train_step._fixed_batch({**spec, "data": "cifar10"})
+    iterator = mode.distribute_dataset(
+        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
+    )
+
+    def block():
+        start = time.perf_counter()
+        for _ in range(spec["steps"]):
+            metrics = step(iterator)
+        mode.fetch(metrics)
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    block()
+    warmup = time.perf_counter() - start
+    seconds = [block() for _ in range(spec["blocks"])]
+    step_s = statistics.median(seconds) / spec["steps"]
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    scalars = {k: tf.zeros([]) for k in ("loss_sum", "correct", "examples")}
+
+    @tf.function
+    def all_reduce(grads, scalars):
+        reduced = mode.all_reduce_gradients(grads)
+        return reduced[0][0], mode.reduce_sum(scalars)
+
+    all_reduce(grads, scalars)
+    calls = 50
+    start = time.perf_counter()
+    for _ in range(calls):
+        result = all_reduce(grads, scalars)
+    tf.nest.map_structure(lambda t: t.numpy(), result)
+    reduce_s = (time.perf_counter() - start) / calls
+    if mode.is_chief:
+        print(
+            RESULT
+            + json.dumps(
+                {
+                    "images_per_sec": [
+                        spec["steps"] * config.batch_size / s for s in seconds
+                    ],
+                    "step_ms": 1e3 * step_s,
+                    "allreduce_ms": 1e3 * reduce_s,
+                    "warmup_s": warmup,
+                    "gradient_mb": sum(g.numpy().nbytes for g in grads) / 1e6,
+                }
+            ),
+            flush=True,
+        )
+    mode.shutdown()
+
+
+def run_job(spec, ranks):
+    """Runs one configuration; returns rank 0's result dict."""
+    command = [sys.executable, __file__, "--worker", json.dumps(spec)]
+    if ranks:
+        command = [
+            HOROVODRUN,
+            "-np",
+            str(ranks),
+            "-H",
+            f"localhost:{ranks}",
+            "--gloo",
+            "--network-interface",
+            "lo",
+            *command,
+        ]
+    proc = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        cwd=common.ROOT,
+        timeout=1800,
+    )
+    for line in proc.stdout.splitlines():
+        # horovodrun prefixes rank output with "[0]<stdout>:".
+        if RESULT in line:
+            return json.loads(line.split(RESULT, 1)[1])
+    raise RuntimeError(
+        f"no result from {' '.join(command[:6])}...:\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--batch", type=int, default=128, help="per rank")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--blocks", type=int, default=4)
+    args = parser.parse_args()
+    common.print_environment("Horovod scaling, images/sec (global)")
+    base = {
+        "model": args.model,
+        "batch": args.batch,
+        "dtype": args.dtype,
+        "steps": args.steps,
+        "blocks": args.blocks,
+    }
+    configs = {
+        "1 rank x 1 thread": ({**base, "distribution": "horovod"}, 1, 1),
+        "2 ranks x 1 thread": ({**base, "distribution": "horovod"}, 2, 1),
+        "1 process x 2 threads, no Horovod": (
+            {**base, "distribution": "default"},
+            0,
+            2,
+        ),
+    }
+    results = {name: [] for name in configs}
+    for round_index in range(args.repetitions):
+        names = list(configs)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            spec, ranks, threads = configs[name]
+            results[name].append(run_job({**spec, "threads": threads}, ranks))
+    single = [
+        statistics.median(r["images_per_sec"])
+        for r in results["1 rank x 1 thread"]
+    ]
+    rows = []
+    for name, runs in results.items():
+        rates = [statistics.median(r["images_per_sec"]) for r in runs]
+        step_ms = common.Stats(r["step_ms"] for r in runs)
+        reduce_ms = common.Stats(r["allreduce_ms"] for r in runs)
+        share = common.Stats(r["allreduce_ms"] / r["step_ms"] for r in runs)
+        horovod = configs[name][1] > 0
+        rows.append(
+            [
+                name,
+                common.Stats(rates).format(),
+                common.ratio(rates, single).format(2),
+                step_ms.format(),
+                reduce_ms.format(2) if horovod else "-",
+                f"{100 * share.median:.1f}%" if horovod else "-",
+                f"{statistics.median(r['warmup_s'] for r in runs):.1f}",
+            ]
+        )
+    common.print_table(
+        f"{args.model}, batch {args.batch} per rank, gradients "
+        f"{results['1 rank x 1 thread'][0]['gradient_mb']:.2f} MB, "
+        f"{args.repetitions} rounds x {args.blocks} blocks x {args.steps} "
+        f"steps; load {common.load_average():.2f} at end",
+        [
+            "configuration",
+            "images/sec median (min-max)",
+            "/ 1 rank x 1 thread",
+            "step ms",
+            "all-reduce ms",
+            "all-reduce / step",
+            "warm-up s",
+        ],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    worker = common.worker_spec(sys.argv)
+    if worker is not None:
+        run_rank(worker)
+    else:
+        main()
