@@ -229,6 +229,18 @@ def resolve_dtype(name):
     return "float32"
 
 
+def set_horovod_defaults():
+    """A 5 ms Horovod cycle on CPU-only machines (before `hvd.init`).
+
+    Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
+    1 ms default it takes CPU from ranks that share the cores (2 ranks on 2
+    cores: 1.63x -> 1.78x one rank, bench/scaling.py). An explicit
+    `horovodrun --cycle-time-ms` (the same variable) still wins.
+    """
+    if not tf.config.list_physical_devices("GPU"):
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+
+
 def apply_performance_flags():
     """Sets thread pools and the dtype policy; returns the policy name.
 
@@ -237,12 +249,7 @@ def apply_performance_flags():
     """
     tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
     tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_threads)
-    if not tf.config.list_physical_devices("GPU"):
-        # Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at
-        # its 1 ms default it takes CPU from ranks sharing the cores (2
-        # ranks on 2 cores: 1.63x -> 1.78x one rank, bench/scaling.py).
-        # horovodrun --cycle-time-ms still wins.
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+    set_horovod_defaults()
     policy = resolve_dtype(FLAGS.dtype)
     keras.config.set_dtype_policy(policy)
     return policy
