@@ -181,7 +181,7 @@ def define_performance_flags():
         "xla",
         False,
         "Compile the forward and backward pass with XLA. Off "
-        "by default: 2.6x slower on CPU (XLA's CPU convolutions bypass "
+        "by default: 4.8x slower on CPU (XLA's CPU convolutions bypass "
         "oneDNN); worth trying on GPUs.",
     )
     flags.DEFINE_integer(
