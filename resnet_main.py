@@ -60,6 +60,17 @@ def run(argv):
     except train_loop.TrainingDiverged as error:
         print(f"resnet_main: training diverged: {error}", file=sys.stderr)
         return 3
+    except tf.errors.UnavailableError as error:
+        # A parameter server (or another task of the cluster) is gone: its
+        # variables are lost, so only a restart from the checkpoint helps.
+        latest = tf.train.latest_checkpoint(FLAGS.log_root) or "none"
+        print(
+            "resnet_main: error: lost a task of the training cluster "
+            f"({train_loop.first_line(error)}); the latest complete "
+            f"checkpoint, which a rerun resumes from, is {latest}",
+            file=sys.stderr,
+        )
+        return 4
     except train_loop.TrainingInterrupted as error:
         print(f"resnet_main: stopped: {error}", file=sys.stderr)
         return 128 + error.signum

@@ -25,10 +25,10 @@ STEP_LINE = re.compile(r"step (\d+)/\d+ .*: loss ([0-9.]+), accuracy ([0-9.]+)")
 class Launch:
     """`python -m tf_resnet.distribute.ps_launcher`, output collected."""
 
-    def __init__(self, synthetic, log_root, num_workers, *flags):
+    def __init__(self, synthetic, log_root, num_workers, *flags, launcher=()):
         command = [
             sys.executable, "-m", "tf_resnet.distribute.ps_launcher",
-            "--num_ps=1", f"--num_workers={num_workers}", "--",
+            "--num_ps=1", f"--num_workers={num_workers}", *launcher, "--",
             "--dataset=cifar10",
             f"--train_data_path={synthetic['train']}",
             f"--eval_data_path={synthetic['eval']}",
@@ -229,16 +229,80 @@ def test_one_worker_trains_exactly_like_the_default_mode(
 
 
 @pytest.mark.slow
-def test_a_lost_worker_stops_the_cluster_instead_of_hanging(
+def test_a_killed_worker_is_restarted_and_rejoins(synthetic_cifar, tmp_path):
+    run = Launch(
+        synthetic_cifar, tmp_path / "run", 2, "--train_steps=200",
+        "--eval_every_steps=1000",
+    )  # fmt: skip
+    run.wait_for(r"step 20/")
+    os.kill(run.task_pids()["worker 0"], signal.SIGKILL)
+    # The loop schedules at most one log interval (5 steps) past its last
+    # line before it waits, so the killed worker ran at most this many.
+    logged = [int(step) for step, _, _ in STEP_LINE.findall(run.text)]
+    before_kill = max(logged) + 5 + 1  # +1: the step it died in, re-run.
+    assert run.wait() == 0, run.text
+    assert "worker 0 exited with code -9; restarting it (restart 1 of 3)" in (
+        run.text
+    )
+    assert len(re.findall(r"started worker 0 at", run.text)) == 2
+    steps = json.loads(run.wait_for(r"steps run per worker: (\[.*\])").group(1))
+    # The restarted worker trained: worker 0's count grew past what the
+    # killed process can have run (measured: 130 of 300 in a longer run).
+    assert steps[0] > before_kill + 10, (steps, before_kill, run.text)
+    assert re.search(r"eval at step 200: precision", run.text)
+    assert_all_gone(run.task_pids())
+
+
+@pytest.mark.slow
+def test_a_killed_ps_restarts_the_cluster_from_the_last_checkpoint(
+    synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "run"
+    run = Launch(
+        synthetic_cifar, log_root, 2, "--train_steps=120",
+        "--checkpoint_every_steps=20", "--eval_every_steps=1000",
+    )  # fmt: skip
+    run.wait_for(r"step 45/")  # ckpt-40 is written.
+    first_pids = run.task_pids()
+    os.kill(first_pids["ps 0"], signal.SIGKILL)
+    assert run.wait() == 0, run.text
+    # The coordinator fails cleanly on its own, naming the checkpoint ...
+    lost = run.wait_for(
+        r"error: lost a task of the training cluster \(.*\); the latest "
+        r"complete checkpoint, which a rerun resumes from, is \S+ckpt-(\d+)"
+    )
+    saved = int(lost.group(1))
+    assert saved >= 40, run.text
+    assert "coordinator exited with code 4" in run.text
+    assert "starting the cluster again" in run.text
+    # ... and the new cluster resumes from exactly that step: the step
+    # counter of the checkpoint matches its number (Keras' own increment
+    # loses steps between asynchronous workers).
+    assert re.search(
+        rf"resumed from \S+ckpt-{saved} at step {saved}\b", run.text
+    ), run.text
+    assert re.search(r"eval at step 120: precision", run.text)
+    assert_all_gone(first_pids)
+    assert_all_gone(run.task_pids())
+
+
+@pytest.mark.slow
+def test_without_restarts_a_lost_worker_stops_the_cluster(
     synthetic_cifar, tmp_path
 ):
     # The coordinator alone would wait forever for the worker to return.
-    run = Launch(synthetic_cifar, tmp_path / "run", 1, "--train_steps=1000")
+    run = Launch(
+        synthetic_cifar, tmp_path / "run", 1, "--train_steps=1000",
+        launcher=["--max_restarts=0"],
+    )  # fmt: skip
     run.wait_for(r"step 5/")
     pids = run.task_pids()
     os.kill(pids["worker 0"], signal.SIGKILL)
     assert run.wait(timeout=60) == 1, run.text
-    assert "worker 0 exited with code -9; stopping the cluster" in run.text
+    assert (
+        "worker 0 exited with code -9 and no restart is left "
+        "(--max_restarts=0); stopping the cluster" in run.text
+    )
     assert_all_gone(pids)
 
 

@@ -22,10 +22,22 @@ ports open on all interfaces while training runs.
 Teardown: the tasks share one process group of their own, so Ctrl-C in the
 terminal reaches only the launcher, which stops them in order: first the
 coordinator (SIGTERM: it writes a final checkpoint, which needs the ps
-alive), then the servers, which TensorFlow cannot stop otherwise. If a ps or
-worker dies, everything is stopped (the coordinator would wait for it
-forever). Each task also gets SIGKILL if the launcher itself is killed
-(`PR_SET_PDEATHSIG`), so none outlives it.
+alive), then the servers, which TensorFlow cannot stop otherwise. Each task
+also gets SIGKILL if the launcher itself is killed (`PR_SET_PDEATHSIG`), so
+none outlives it.
+
+Failures (up to `--max_restarts` in all, then everything is stopped and the
+launcher exits 1):
+  * a worker dies: it is restarted at the same address. TensorFlow's
+    coordinator re-runs the steps that were on it elsewhere, waits for it to
+    serve again and re-creates its input pipeline on it (its shard restarts
+    from the beginning of a new shuffle), so training goes on without a
+    restart of the coordinator.
+  * a ps dies: its variables are gone, which the coordinator cannot repair.
+    It stops with exit code 4 naming the latest checkpoint (it is given
+    `--ps_failure_secs` to notice and then killed), the whole cluster is
+    stopped and started again, and the new coordinator resumes from that
+    checkpoint: the steps since it are trained again.
 
 Only the standard library is imported: the launcher re-executes itself as a
 plain script, so it starts single-threaded (which `unshare(CLONE_NEWUSER)`
@@ -98,6 +110,21 @@ def parse_args(argv):
         help="How long the ps and workers may take to start serving.",
     )
     parser.add_argument(
+        "--max_restarts",
+        type=int,
+        default=3,
+        help="How many dead tasks are restarted in all: a worker alone, a ps "
+        "together with the whole cluster, which resumes from the last "
+        "checkpoint. 0: the first dead task stops the cluster.",
+    )
+    parser.add_argument(
+        "--ps_failure_secs",
+        type=float,
+        default=60,
+        help="How long the coordinator may take to notice a dead ps and exit "
+        "before it is killed.",
+    )
+    parser.add_argument(
         "--stop_timeout_secs",
         type=float,
         default=120,
@@ -107,6 +134,8 @@ def parse_args(argv):
     args = parser.parse_args(own)
     if args.num_ps < 1 or args.num_workers < 1:
         parser.error("--num_ps and --num_workers must be at least 1")
+    if args.max_restarts < 0:
+        parser.error("--max_restarts must be at least 0")
     args.main_flags = main_flags
     return args
 
@@ -207,13 +236,17 @@ class Cluster:
         log(f"started {name} (pid {process.pid})")
         return process
 
+    def start_server(self, job, index):
+        """Starts (or restarts) task `index` of `job` at its address."""
+        self.servers[(job, index)] = self._start(
+            f"{job} {index} at {self.addresses[job][index]}",
+            [f"--job_name={job}", f"--task_index={index}"],
+        )
+
     def start_servers(self, timeout, signals):
         for job, addresses in self.addresses.items():
-            for index, address in enumerate(addresses):
-                self.servers[(job, index)] = self._start(
-                    f"{job} {index} at {address}",
-                    [f"--job_name={job}", f"--task_index={index}"],
-                )
+            for index in range(len(addresses)):
+                self.start_server(job, index)
         deadline = time.monotonic() + timeout
         for (job, index), process in self.servers.items():
             host, port = self.addresses[job][index].rsplit(":", 1)
@@ -288,21 +321,60 @@ class _Signals:
         self.received.append(signal.Signals(signum).name)
 
 
-def supervise(cluster, signals, stop_timeout):
-    """Waits for the coordinator; returns the launcher's exit code.
+class Restarts:
+    """The restarts left to the whole run (`--max_restarts`)."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.used = 0
+
+    def take(self):
+        """Uses one restart; False when none is left."""
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def __str__(self):
+        return f"restart {self.used} of {self.limit}"
+
+
+RESTART_CLUSTER = "restart the cluster"
+
+
+def supervise(cluster, signals, restarts, args):
+    """Waits for the coordinator, restarting dead workers.
 
     A first signal is forwarded to the coordinator (SIGINT as SIGINT, the
     others as SIGTERM: checkpoint and exit); a second one, or
-    `stop_timeout`, kills it.
+    `args.stop_timeout_secs`, kills it.
+
+    Returns:
+      The launcher's exit code, or `RESTART_CLUSTER` after a ps died.
     """
     coordinator = cluster.coordinator
     forwarded_at = None
     while coordinator.poll() is None:
         dead = cluster.dead_server()
-        if dead:
+        if dead and not signals.received:
             job, index, code = dead
-            log(f"{job} {index} exited with code {code}; stopping the cluster")
-            return 1
+            if not restarts.take():
+                log(
+                    f"{job} {index} exited with code {code} and no restart is "
+                    f"left (--max_restarts={restarts.limit}); stopping the "
+                    "cluster"
+                )
+                return 1
+            if job == "worker":
+                log(f"worker {index} exited with code {code}; restarting it "
+                    f"({restarts})")  # fmt: skip
+                cluster.start_server(job, index)
+            else:
+                log(f"{job} {index} exited with code {code}; its variables "
+                    "are lost, restarting the cluster from the last checkpoint "
+                    f"({restarts})")  # fmt: skip
+                _await_exit(coordinator, args.ps_failure_secs)
+                return RESTART_CLUSTER
         if signals.received and forwarded_at is None:
             name = signals.received[0]
             log(f"{name}: asking the coordinator to stop")
@@ -313,7 +385,7 @@ def supervise(cluster, signals, stop_timeout):
             forwarded_at = time.monotonic()
         elif forwarded_at is not None and (
             len(signals.received) > 1
-            or time.monotonic() - forwarded_at > stop_timeout
+            or time.monotonic() - forwarded_at > args.stop_timeout_secs
         ):
             log("killing the coordinator")
             coordinator.kill()
@@ -321,6 +393,17 @@ def supervise(cluster, signals, stop_timeout):
     code = coordinator.returncode
     log(f"coordinator exited with code {code}")
     return 128 - code if code < 0 else code
+
+
+def _await_exit(process, timeout):
+    """Waits for `process` to exit by itself, else kills it; logs how."""
+    try:
+        process.wait(timeout)
+        log(f"coordinator exited with code {process.returncode}")
+    except subprocess.TimeoutExpired:
+        log(f"coordinator still running after {timeout:.0f}s; killing it")
+        process.kill()
+        process.wait()
 
 
 def main(argv=None):
@@ -347,17 +430,24 @@ def main(argv=None):
         log("cluster runs in a private network namespace (loopback only)")
     else:
         log("--network=host: the servers listen on all network interfaces")
-    cluster = Cluster(args.main, args.main_flags, args.num_ps, args.num_workers)
-    try:
-        cluster.start_servers(args.start_timeout_secs, signals)
-        cluster.start_coordinator()
-        return supervise(cluster, signals, args.stop_timeout_secs)
-    except LaunchError as error:
-        log(f"error: {error}")
-        return 1
-    finally:
-        cluster.stop()
-        log("all tasks stopped")
+    restarts = Restarts(args.max_restarts)
+    while True:
+        cluster = Cluster(
+            args.main, args.main_flags, args.num_ps, args.num_workers
+        )
+        try:
+            cluster.start_servers(args.start_timeout_secs, signals)
+            cluster.start_coordinator()
+            outcome = supervise(cluster, signals, restarts, args)
+        except LaunchError as error:
+            log(f"error: {error}")
+            outcome = 1
+        finally:
+            cluster.stop()
+            log("all tasks stopped")
+        if outcome != RESTART_CLUSTER:
+            return outcome
+        log("starting the cluster again")
 
 
 if __name__ == "__main__":
