@@ -1,5 +1,8 @@
 """Runs `tests/hvd_worker.py` on real Horovod ranks over loopback.
 
+Multi-rank runs go through `tf_resnet.distribute.horovod_launcher`, in a
+loopback-only network namespace.
+
 Shared by test_horovod.py and test_averaging.py. Independent runs start side
 by side; the equivalence runs are cached for the session, so the synchronous
 Horovod run both files compare against is trained once.
@@ -28,7 +31,11 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "hvd_worker.py")
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+# Run as the plain script it re-executes itself as: `python -m` would
+# import TensorFlow (the package's) only to start over.
+LAUNCHER = os.path.join(
+    os.path.dirname(HERE), "tf_resnet", "distribute", "horovod_launcher.py"
+)
 GLOBAL_BATCH = 16
 TRAIN_RECORDS = 64
 STEPS = 6
@@ -38,21 +45,17 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
 
 def worker_command(args, ranks=None):
-    """The worker's command line; under `horovodrun -np ranks` if given."""
-    command = [sys.executable, WORKER, *args]
+    """The worker's command line; as `ranks` Horovod ranks if given.
+
+    Ranks are started by `horovod_launcher` (`horovodrun` in a loopback-only
+    network namespace), so every multi-rank test also runs there.
+    """
     if ranks is None:
-        return command
+        return [sys.executable, WORKER, *args]
     return [
-        HOROVODRUN,
-        "-np",
-        str(ranks),
-        "-H",
-        f"localhost:{ranks}",
-        "--gloo",
-        "--network-interface",
-        "lo",
-        *command,
-    ]
+        sys.executable, "-I", LAUNCHER, f"--np={ranks}", f"--main={WORKER}",
+        "--", *args,
+    ]  # fmt: skip
 
 
 def worker_env(**extra):

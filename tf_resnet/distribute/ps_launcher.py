@@ -41,30 +41,36 @@ launcher exits 1):
 
 Only the standard library is imported: the launcher re-executes itself as a
 plain script, so it starts single-threaded (which `unshare(CLONE_NEWUSER)`
-requires) and without loading TensorFlow.
+requires) and without loading TensorFlow. The namespace code is shared with
+`horovod_launcher` in `private_network.py`.
 """
 
 import argparse
 import contextlib
 import ctypes
-import fcntl
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 
+if __package__:
+    from tf_resnet.distribute import private_network
+else:  # The plain `python -I` script (see main): load the sibling's file.
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "private_network",
+        os.path.join(os.path.dirname(__file__), "private_network.py"),
+    )
+    private_network = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(private_network)
+
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
 PR_SET_PDEATHSIG = 1
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
 
 
 class LaunchError(Exception):
@@ -142,44 +148,6 @@ def parse_args(argv):
 
 def _libc():
     return ctypes.CDLL(None, use_errno=True)
-
-
-def _unshare(flags):
-    if _libc().unshare(flags) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-
-
-def enter_private_network():
-    """Moves this process into a new network namespace with only `lo` up.
-
-    Root (with CAP_SYS_ADMIN) gets a plain network namespace; other users
-    get it inside a user namespace that maps their own uid and gid, so the
-    files the cluster writes keep their owner.
-    """
-    uid, gid = os.getuid(), os.getgid()
-    try:
-        _unshare(CLONE_NEWNET)
-    except PermissionError:
-        _unshare(CLONE_NEWUSER | CLONE_NEWNET)
-        for name, text in (
-            ("setgroups", "deny"),
-            ("uid_map", f"{uid} {uid} 1"),
-            ("gid_map", f"{gid} {gid} 1"),
-        ):
-            with open(f"/proc/self/{name}", "w") as stream:
-                stream.write(text)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH22x", b"lo", 0)
-        flags = struct.unpack(
-            "16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request)
-        )
-        fcntl.ioctl(
-            sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags[1] | IFF_UP)
-        )
-    interfaces = [name for _, name in socket.if_nameindex()]
-    if interfaces != ["lo"]:
-        raise LaunchError(f"private namespace has interfaces {interfaces}")
 
 
 def free_ports(count):
@@ -410,15 +378,12 @@ def main(argv=None):
     """Starts the cluster, trains, stops it; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if "tensorflow" in sys.modules or len(os.listdir("/proc/self/task")) > 1:
-        # Started with `python -m`, which imported the package (and with it
-        # TensorFlow and its threads): start over as a plain script.
-        os.execv(sys.executable, [sys.executable, "-I", __file__, *argv])
+    private_network.restart_single_threaded(__file__, argv)
     signals = _Signals()
     if args.network == "private":
         try:
-            enter_private_network()
-        except (OSError, LaunchError) as error:
+            private_network.enter_private_network()
+        except OSError as error:
             log(
                 f"error: cannot create a private network namespace ({error}). "
                 "TensorFlow's servers listen on all interfaces, so the "

@@ -1,0 +1,137 @@
+"""`horovod_launcher`: local Horovod ranks in a loopback-only namespace.
+
+`horovodrun` 0.28.1 serves its rendezvous on `0.0.0.0` for the whole run.
+Here the ranks are a tiny script without TensorFlow that reports what it
+sees; the training tests (horovod_runs.py) run through the same launcher.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+from test_parameter_server import listening_ports
+
+from tf_resnet.distribute import horovod_launcher
+
+# Reports its interfaces, pid and rendezvous port, then waits for the test
+# to create the file named by its argument.
+PROBE = """
+import json, os, socket, sys, time
+print("PROBE " + json.dumps({
+    "rank": int(os.environ["HOROVOD_RANK"]),
+    "pid": os.getpid(),
+    "interfaces": [name for _, name in socket.if_nameindex()],
+    "port": int(os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+}), flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+"""
+
+
+def _wait_for_probes(process, output, count, timeout=90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = output.read_text()
+        probes = [json.loads(p) for p in re.findall(r"PROBE (\{.*\})", text)]
+        if len(probes) == count:
+            return sorted(probes, key=lambda probe: probe["rank"])
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    pytest.fail(f"the ranks did not report:\n{output.read_text()[-3000:]}")
+
+
+def _net_namespace(pid):
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+@pytest.mark.parametrize("network", ["private", "host"])
+def test_rendezvous_listens_only_inside_the_private_namespace(
+    tmp_path, network
+):
+    probe, release = tmp_path / "probe.py", tmp_path / "release"
+    probe.write_text(PROBE)
+    output = tmp_path / "output.txt"
+    command = [
+        sys.executable, "-m", "tf_resnet.distribute.horovod_launcher",
+        "--np=2", f"--network={network}", f"--main={probe}", "--",
+        str(release),
+    ]  # fmt: skip
+    with open(output, "w") as stream:
+        process = subprocess.Popen(
+            command, cwd=ROOT, stdout=stream, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        ranks = _wait_for_probes(process, output, 2)
+        # The launcher became horovodrun (exec), which serves the rendezvous.
+        with open(f"/proc/{process.pid}/cmdline", "rb") as stream:
+            assert b"horovodrun" in stream.read()
+        port = ranks[0]["port"]
+        assert [rank["port"] for rank in ranks] == [port, port]
+        inside = [listening_ports(rank["pid"]) for rank in ranks]
+        ours = listening_ports()
+        namespaces = {_net_namespace(rank["pid"]) for rank in ranks}
+        release.touch()
+        code = process.wait(60)
+    finally:
+        release.touch()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert code == 0, output.read_text()[-3000:]
+    assert all(port in ports for ports in inside)
+    if network == "private":
+        assert "private network namespace" in output.read_text()
+        assert [rank["interfaces"] for rank in ranks] == [["lo"], ["lo"]]
+        assert port not in ours
+        assert len(namespaces) == 1
+        assert namespaces != {_net_namespace("self")}
+    else:  # The check above would see an open port.
+        assert port in ours
+        assert namespaces == {_net_namespace("self")}
+
+
+def test_horovodrun_command_line():
+    assert horovod_launcher.horovodrun_command(3, ["python", "x.py", "-a"]) == [
+        "horovodrun", "-np", "3", "-H", "localhost:3", "--gloo",
+        "--network-interface", "lo", "python", "x.py", "-a",
+    ]  # fmt: skip
+    args = horovod_launcher.parse_args(
+        ["--np=2", "--", "--distribution=horovod", "--np=5"]
+    )
+    assert (args.np, args.network) == (2, "private")
+    assert args.main == os.path.join(ROOT, "resnet_main.py")
+    assert args.main_flags == ["--distribution=horovod", "--np=5"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--", "--distribution=horovod"], "required: --np"),
+        (["--np=2", "--distribution=horovod"], "no --"),
+        (["--np=0", "--"], "--np must be at least 1"),
+        (["--np=2", "--main=missing.py", "--"], "missing.py is not a file"),
+    ],
+)
+def test_flag_errors_are_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as error:
+        horovod_launcher.parse_args(argv)
+    assert error.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert lines[0].startswith("horovod_launcher: error:")
+
+
+def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert horovod_launcher.main(["--np=2", "--"]) == 2
+    assert "no horovodrun next to" in capsys.readouterr().err

@@ -1,0 +1,83 @@
+"""A loopback-only network namespace for the local multi-process launchers.
+
+TensorFlow's gRPC servers (parameter-server training) and `horovodrun`'s
+rendezvous server listen on `0.0.0.0`, whatever address the cluster names.
+A launcher that runs every process of a job on this machine first moves
+itself into a new network namespace whose only device is the loopback, so
+nothing the job opens is reachable from outside. Its children inherit the
+namespace; the file system, the process ids and the users stay the same.
+
+Only the standard library is imported, and it must stay so: the launchers
+load this module from its file when they run as a plain `python -I` script
+(see `restart_single_threaded`), where the package, whose `__init__`
+imports TensorFlow, is not importable.
+"""
+
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+import sys
+
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+def _unshare(flags):
+    if ctypes.CDLL(None, use_errno=True).unshare(flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
+def restart_single_threaded(script, argv):
+    """Re-executes `python -I script argv` if this process is not bare.
+
+    `unshare(CLONE_NEWUSER)` fails in a process with more than one thread,
+    and `python -m tf_resnet.distribute.<launcher>` has imported the package
+    and with it TensorFlow and its threads. The plain script starts again
+    single-threaded, without TensorFlow (`-I`: neither the script's folder
+    nor the working directory nor PYTHONPATH is on `sys.path`). Returns only
+    when no restart was needed.
+    """
+    if "tensorflow" in sys.modules or len(os.listdir("/proc/self/task")) > 1:
+        os.execv(sys.executable, [sys.executable, "-I", script, *argv])
+
+
+def enter_private_network():
+    """Moves this process into a new network namespace with only `lo` up.
+
+    Root (with CAP_SYS_ADMIN) gets a plain network namespace; other users
+    get it inside a user namespace that maps their own uid and gid, so the
+    files the job writes keep their owner. The process must be
+    single-threaded for the latter (see `restart_single_threaded`).
+
+    Raises:
+      OSError: the namespace could not be created or is not loopback-only.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _unshare(CLONE_NEWNET)
+    except PermissionError:
+        _unshare(CLONE_NEWUSER | CLONE_NEWNET)
+        for name, text in (
+            ("setgroups", "deny"),
+            ("uid_map", f"{uid} {uid} 1"),
+            ("gid_map", f"{gid} {gid} 1"),
+        ):
+            with open(f"/proc/self/{name}", "w") as stream:
+                stream.write(text)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack(
+            "16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request)
+        )
+        fcntl.ioctl(
+            sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags[1] | IFF_UP)
+        )
+    interfaces = [name for _, name in socket.if_nameindex()]
+    if interfaces != ["lo"]:
+        raise OSError(f"private namespace has interfaces {interfaces}")
