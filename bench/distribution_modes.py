@@ -26,13 +26,14 @@ DEFAULT_DATA = os.path.join(
     os.path.dirname(ROOT), "shared", "data", "cifar-10-batches-bin"
 )
 PYTHON = sys.executable
-HOROVODRUN = os.path.join(os.path.dirname(PYTHON), "horovodrun")
 
 
 def modes():
     """`(name, command prefix, extra flags)` of each mode."""
     main = [PYTHON, os.path.join(ROOT, "resnet_main.py")]
-    hvd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *main]
+    # Both launchers keep their ranks/tasks in a loopback-only namespace.
+    hvd = [PYTHON, "-m", "tf_resnet.distribute.horovod_launcher"]
+    hvd += ["--np=2", "--"]
     launcher = [PYTHON, "-m", "tf_resnet.distribute.ps_launcher"]
     return [
         ("single process", main, ["--distribution=default"]),
