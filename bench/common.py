@@ -129,6 +129,20 @@ def ratio(numerators, denominators):
     return Stats(a / b for a, b in zip(numerators, denominators, strict=True))
 
 
+def worker_row(worker, rates, relative):
+    """The usual table row of a contender timed by `run_side_by_side`.
+
+    Cells: its name, images/sec median (min-max), `relative` (a `Stats` of
+    per-round ratios against the script's reference) and its warm-up seconds.
+    """
+    return [
+        worker.name,
+        Stats(rates[worker.name]).format(),
+        relative.format(2),
+        f"{worker.info['warmup_s']:.1f}",
+    ]
+
+
 def print_table(title, header, rows):
     """A Markdown table (pasteable into README/bench/README.md)."""
     print(f"\n{title}\n")
@@ -252,3 +266,18 @@ def worker_spec(argv):
     if "--worker" in argv:
         return json.loads(argv[argv.index("--worker") + 1])
     return None
+
+
+def run_script(main, serve):
+    """A benchmark script's entry point, as worker or as orchestrator.
+
+    Every script is both: its workers are the script started again with
+    `--worker <json spec>` (by `Worker`, or by horovodrun in scaling.py)
+    and run `serve(spec)`; started by hand, it runs `main()`, which starts
+    and times them.
+    """
+    spec = worker_spec(sys.argv)
+    if spec is None:
+        main()
+    else:
+        serve(spec)

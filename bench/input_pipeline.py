@@ -107,12 +107,9 @@ def main():
             common.close_all(workers)
         fixed = rates["step (fixed batch)"]
         rows = [
-            [
-                worker.name,
-                common.Stats(rates[worker.name]).format(),
-                common.ratio(rates[worker.name], fixed).format(2),
-                f"{worker.info['warmup_s']:.1f}",
-            ]
+            common.worker_row(
+                worker, rates, common.ratio(rates[worker.name], fixed)
+            )
             for worker in workers
         ]
         common.print_table(
@@ -130,8 +127,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker = common.worker_spec(sys.argv)
-    if worker is not None:
-        serve(worker)
-    else:
-        main()
+    common.run_script(main, serve)

@@ -81,6 +81,10 @@ def setup_stack(spec):
     return run_block, {}
 
 
+def serve(spec):
+    common.serve(lambda: setup_stack(spec))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=128)
@@ -108,16 +112,10 @@ def main():
         common.close_all(workers)
     rows = []
     for worker in workers:
-        layout, dtype = worker.name.split(" ")
+        _, dtype = worker.name.split(" ")
         reference = rates[f"channels_last {dtype}"]
-        rows.append(
-            [
-                worker.name,
-                common.Stats(rates[worker.name]).format(),
-                common.ratio(rates[worker.name], reference).format(2),
-                f"{worker.info['warmup_s']:.1f}",
-            ]
-        )
+        relative = common.ratio(rates[worker.name], reference)
+        rows.append(common.worker_row(worker, rates, relative))
     common.print_table(
         f"19-conv stack of ResNet-20's shapes, batch {args.batch}, "
         f"{args.threads} threads, {args.repetitions} rounds; load "
@@ -133,8 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker = common.worker_spec(sys.argv)
-    if worker is not None:
-        common.serve(lambda: setup_stack(worker))
-    else:
-        main()
+    common.run_script(main, serve)

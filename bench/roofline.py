@@ -168,8 +168,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker = common.worker_spec(sys.argv)
-    if worker is not None:
-        serve(worker)
-    else:
-        main()
+    common.run_script(main, serve)

@@ -2,9 +2,10 @@
 
   .venv/bin/python bench/scaling.py
 
-Each configuration is a real `horovodrun --gloo` job running the training
-step of `--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one
-fused all-reduce of the gradients and one of the step metrics per step) on
+Each configuration is a real `horovodrun --gloo` job, started by
+`tf_resnet.distribute.horovod_launcher`, running the training step of
+`--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one fused
+all-reduce of the gradients and one of the step metrics per step) on
 a fixed batch of 128 per rank (weak scaling: the global batch grows with
 the ranks, the work per rank stays the same). Jobs alternate, one of each
 per round, so load from elsewhere hits all alike; a round's sample is the
@@ -32,7 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import train_step  # noqa: E402
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+# Ranks start through the project's launcher (loopback-only namespace), run
+# as the plain script it re-executes itself as.
+LAUNCHER = os.path.join(
+    common.ROOT, "tf_resnet", "distribute", "horovod_launcher.py"
+)
 RESULT = "SCALING_RESULT "
 
 
@@ -116,19 +121,14 @@ def run_rank(spec):
 
 def run_job(spec, ranks, env):
     """Runs one configuration; returns rank 0's result dict."""
-    command = [sys.executable, __file__, "--worker", json.dumps(spec)]
+    worker_flags = ["--worker", json.dumps(spec)]
     if ranks:
         command = [
-            HOROVODRUN,
-            "-np",
-            str(ranks),
-            "-H",
-            f"localhost:{ranks}",
-            "--gloo",
-            "--network-interface",
-            "lo",
-            *command,
-        ]
+            sys.executable, "-I", LAUNCHER, f"--np={ranks}",
+            f"--main={os.path.abspath(__file__)}", "--", *worker_flags,
+        ]  # fmt: skip
+    else:
+        command = [sys.executable, __file__, *worker_flags]
     proc = subprocess.run(
         command,
         capture_output=True,
@@ -232,8 +232,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker = common.worker_spec(sys.argv)
-    if worker is not None:
-        run_rank(worker)
-    else:
-        main()
+    common.run_script(main, run_rank)

@@ -22,7 +22,8 @@ models' fused one; ours/fit only), `threads`, `inter`
 (torch: `channels_last` or `nchw`), `data` (`cifar10` or `tinyimagenet`:
 image size and classes), `input` (`fixed` batch or `real`: ours fed by the
 training input pipeline), `wd` (weight decay, default 1e-4). Unset keys
-take the command-line values.
+take the command-line values. `subsample=slice`: option-A shortcuts
+subsample by slicing (as before) instead of a 1x1 average pool.
 Parameter counts and weight shapes of the PyTorch twin are asserted equal
 to the Keras model's before anything is timed.
 """
@@ -47,6 +48,7 @@ KEYS = (
     "data",
     "input",
     "wd",
+    "subsample",
 )
 
 
@@ -87,6 +89,25 @@ def _setup_tf(spec):
     keras.utils.set_random_seed(0)
     if spec.get("bn") == "keras":
         _use_keras_batch_norm()
+    if spec.get("subsample") == "slice":
+        _use_sliced_subsampling()
+
+
+def _use_sliced_subsampling():
+    """Option-A shortcuts subsample by slicing (the old way), not pooling."""
+    import keras
+
+    from tf_resnet.models import blocks
+
+    def call(self, x, training=None):
+        del training
+        x = x[:, :: self.strides, :: self.strides, :]
+        extra = self.out_channels - x.shape[-1]
+        return keras.ops.pad(
+            x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]]
+        )
+
+    blocks.ZeroPadShortcut.call = call
 
 
 def _use_keras_batch_norm():
@@ -322,12 +343,9 @@ def main():
             common.close_all(workers)
         reference = rates[labels[0]]
         rows = [
-            [
-                worker.name,
-                common.Stats(rates[worker.name]).format(),
-                common.ratio(reference, rates[worker.name]).format(2),
-                f"{worker.info['warmup_s']:.1f}",
-            ]
+            common.worker_row(
+                worker, rates, common.ratio(reference, rates[worker.name])
+            )
             for worker in workers
         ]
         common.print_table(
@@ -346,8 +364,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker = common.worker_spec(sys.argv)
-    if worker is not None:
-        serve(worker)
-    else:
-        main()
+    common.run_script(main, serve)

@@ -36,6 +36,14 @@ def write_cifar_records(path, dataset, count, seed=0, coarse_offset=3):
     return images, labels
 
 
+def all_batches(dataset):
+    """Every `(images, labels)` batch of `dataset`, joined into two arrays."""
+    batches = list(dataset)
+    images = np.concatenate([images.numpy() for images, _ in batches])
+    labels = np.concatenate([labels.numpy() for _, labels in batches])
+    return images, labels
+
+
 @pytest.fixture(scope="session")
 def synthetic_cifar(tmp_path_factory):
     """The learnable generated dataset of the demo, small: 5x200 + 200."""

@@ -8,6 +8,7 @@ import struct
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import all_batches
 
 from tf_resnet import data
 from tf_resnet.data import cifar_pickle
@@ -83,13 +84,6 @@ def write_cifar_pickle(path, dataset, count, seed=0, label_shift=0):
     return images, np.array(labels)
 
 
-def _all_batches(dataset):
-    batches = list(dataset)
-    images = np.concatenate([images.numpy() for images, _ in batches])
-    labels = np.concatenate([labels.numpy() for _, labels in batches])
-    return images, labels
-
-
 def test_writer_matches_the_official_file_header(tmp_path):
     # The first bytes of cifar-10-batches-py/data_batch_1, memo opcodes
     # aside: a dict whose 'data' is rebuilt by numpy's _reconstruct.
@@ -120,7 +114,7 @@ def test_reader_returns_raw_pixels_and_labels_in_file_order(tmp_path, dataset):
     np.testing.assert_array_equal(images, raw_images)
     np.testing.assert_array_equal(labels, raw_labels)  # Fine labels.
 
-    out_images, out_labels = _all_batches(
+    out_images, out_labels = all_batches(
         data.build_dataset(dataset, pattern, False, 4, source="pickle")
     )
     np.testing.assert_array_equal(out_labels, raw_labels)

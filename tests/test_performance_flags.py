@@ -18,7 +18,7 @@ from conftest import ROOT
 from tf_resnet import flags as resnet_flags
 from tf_resnet import train_loop
 from tf_resnet.distribute import tf_strategy
-from tf_resnet.models import cifar_resnet
+from tf_resnet.models import blocks, cifar_resnet
 from tf_resnet.models.fused_batch_norm import FusedBatchNormalization
 
 
@@ -274,7 +274,7 @@ MIRRORED_XLA = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
 from tf_resnet.distribute import make_mode
-from tf_resnet.models import cifar_resnet
+from tf_resnet.models import blocks, cifar_resnet
 mode = make_mode("mirrored", cpu_replicas=2)
 mode.set_global_batch(16)
 rng = np.random.default_rng(0)
@@ -316,3 +316,17 @@ def test_xla_under_mirrored_strategy_computes_the_same_training():
     )
     np.testing.assert_allclose(compiled, plain, rtol=1e-3)
     assert plain[-1] < plain[0]
+
+
+def test_pooled_subsampling_equals_slicing():
+    shortcut = blocks.ZeroPadShortcut(8, 2)
+    x = tf.random.normal([2, 7, 6, 4], seed=1)
+    gradient = tf.random.normal([2, 4, 3, 8], seed=2)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        pooled = shortcut(x)
+        sliced = tf.pad(x[:, ::2, ::2, :], [[0, 0], [0, 0], [0, 0], [2, 2]])
+    np.testing.assert_array_equal(pooled, sliced)
+    np.testing.assert_array_equal(
+        tape.gradient(pooled, x, gradient), tape.gradient(sliced, x, gradient)
+    )

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import all_batches
 
 from tf_resnet import data, train_loop
 from tf_resnet.data import tinyimagenet
@@ -62,13 +63,6 @@ def tiny(tmp_path):
     return root, write_tiny_imagenet(root)
 
 
-def _all_batches(dataset):
-    batches = list(dataset)
-    images = np.concatenate([images.numpy() for images, _ in batches])
-    labels = np.concatenate([labels.numpy() for _, labels in batches])
-    return images, labels
-
-
 def _snapshot(root):
     return sorted(
         (path, os.path.getmtime(os.path.join(path, name)), name)
@@ -94,7 +88,7 @@ def test_eval_reads_val_annotations_in_order_with_exact_pixels(tiny):
     dataset = data.build_dataset(
         "tinyimagenet", root, training=False, batch_size=4, source="folder"
     )
-    images, labels = _all_batches(dataset)
+    images, labels = all_batches(dataset)
     expected = np.stack([pixels for _, _, pixels in written["val"]])
     np.testing.assert_array_equal(
         labels, [label for _, label, _ in written["val"]]
@@ -112,7 +106,7 @@ def test_eval_reads_val_annotations_in_order_with_exact_pixels(tiny):
 def test_eval_shards_cover_val_once(tiny):
     root, _ = tiny
     shards = [
-        _all_batches(
+        all_batches(
             data.build_dataset(
                 "tinyimagenet",
                 root,
@@ -250,7 +244,7 @@ def test_image_of_wrong_size_fails_naming_the_file(tiny):
         "tinyimagenet", root, False, 2, source="folder"
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match="val_"):
-        _all_batches(dataset)
+        all_batches(dataset)
 
 
 def test_training_loop_on_tiny_imagenet_folder(tmp_path):

@@ -52,17 +52,14 @@ def cifar_resnet(
     if not preact:
         x = blocks.batch_norm("stem_bn", sync_bn)(x)
         x = layers.ReLU(name="stem_relu")(x)
-    for index, filters in enumerate((16, 32, 64)):
-        x = blocks.stage(
-            blocks.BasicBlock,
-            filters,
-            blocks_per_stage,
-            strides=1 if index == 0 else 2,
-            name=f"stage{index + 1}",
-            shortcut=shortcut,
-            preact=preact,
-            sync_bn=sync_bn,
-        )(x)
+    x = blocks.stages(
+        x,
+        blocks.BasicBlock,
+        [(filters, blocks_per_stage) for filters in (16, 32, 64)],
+        shortcut=shortcut,
+        preact=preact,
+        sync_bn=sync_bn,
+    )
     if preact:
         x = blocks.batch_norm("final_bn", sync_bn)(x)
         x = layers.ReLU(name="final_relu")(x)

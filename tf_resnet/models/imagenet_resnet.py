@@ -71,19 +71,14 @@ def imagenet_resnet(
         # Zero padding equals torch's -inf padding here: inputs are >= 0.
         x = layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
         x = layers.MaxPooling2D(3, 2, name="stem_pool")(x)
-    for index, (filters, num_blocks) in enumerate(
-        zip((64, 128, 256, 512), stage_sizes, strict=True)
-    ):
-        x = blocks.stage(
-            block,
-            filters,
-            num_blocks,
-            strides=1 if index == 0 else 2,
-            name=f"stage{index + 1}",
-            shortcut=shortcut,
-            sync_bn=sync_bn,
-            symmetric_padding=True,
-        )(x)
+    x = blocks.stages(
+        x,
+        block,
+        zip((64, 128, 256, 512), stage_sizes, strict=True),
+        shortcut=shortcut,
+        sync_bn=sync_bn,
+        symmetric_padding=True,
+    )
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     outputs = layers.Dense(num_classes, name="logits")(x)
     return keras.Model(inputs, outputs, name=name or f"resnet{depth}")
