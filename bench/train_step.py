@@ -30,6 +30,7 @@ to the Keras model's before anything is timed.
 
 import argparse
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -314,6 +315,15 @@ def main():
     )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="Worker processes per contender. One process can run a few "
+        "percent faster or slower than the next with the same settings "
+        "(memory layout, oneDNN's choices): with N > 1 every contender gets "
+        "N, and its ratio is taken over all their rounds.",
+    )
     args = parser.parse_args()
     common.print_environment("training step, images/sec")
     defaults = {
@@ -332,26 +342,38 @@ def main():
         parameters = check_twins(model_name)
         workers = []
         try:
-            for label in labels:
-                spec = parse_contender(label, {**defaults, "model": model_name})
-                env = {}
-                if "onednn" in spec:
-                    env["TF_ENABLE_ONEDNN_OPTS"] = spec["onednn"]
-                workers.append(common.Worker(label, __file__, spec, env))
+            for copy in range(args.processes):
+                for label in labels:
+                    spec = parse_contender(
+                        label, {**defaults, "model": model_name}
+                    )
+                    env = {}
+                    if "onednn" in spec:
+                        env["TF_ENABLE_ONEDNN_OPTS"] = spec["onednn"]
+                    workers.append(
+                        common.Worker((label, copy), __file__, spec, env)
+                    )
             rates = common.run_side_by_side(workers, args.repetitions)
         finally:
             common.close_all(workers)
-        reference = rates[labels[0]]
-        rows = [
-            common.worker_row(
-                worker, rates, common.ratio(reference, rates[worker.name])
+        rows = []
+        for label in labels:
+            mine = [w for w in workers if w.name[0] == label]
+            # Ratios pair the rounds of the same process index and round.
+            ratio = common.ratio(
+                [r for w in mine for r in rates[(labels[0], w.name[1])]],
+                [r for w in mine for r in rates[w.name]],
             )
-            for worker in workers
-        ]
+            speeds = common.Stats(r for w in mine for r in rates[w.name])
+            warmup = statistics.median(w.info["warmup_s"] for w in mine)
+            rows.append(
+                [label, speeds.format(), ratio.format(2), f"{warmup:.1f}"]
+            )
         common.print_table(
             f"{model_name} ({parameters:,} trainable parameters, asserted "
             f"equal in PyTorch), batch {args.batch}, {args.threads} threads, "
-            f"{args.repetitions} rounds x {args.steps} steps; load "
+            f"{args.repetitions} rounds x {args.steps} steps x "
+            f"{args.processes} process(es) per contender; load "
             f"{common.load_average():.2f} at end",
             [
                 "contender",
