@@ -30,9 +30,10 @@ Failures (up to `--max_restarts` in all, then everything is stopped and the
 launcher exits 1):
   * a worker dies: it is restarted at the same address. TensorFlow's
     coordinator re-runs the steps that were on it elsewhere, waits for it to
-    serve again and re-creates its input pipeline on it (its shard restarts
-    from the beginning of a new shuffle), so training goes on without a
-    restart of the coordinator.
+    serve again and re-creates its input pipeline on it (its shard's
+    stream starts again where this run's started, so some examples come
+    round sooner), so training goes on without a restart of the
+    coordinator.
   * a ps dies: its variables are gone, which the coordinator cannot repair.
     It stops with exit code 4 naming the latest checkpoint (it is given
     `--ps_failure_secs` to notice and then killed), the whole cluster is
