@@ -42,7 +42,18 @@ def run(argv):
             parameter_server.run_server(server)
             return 0
         config = resnet_flags.config_from_flags()
-        mode = make_mode(FLAGS.distribution, FLAGS.num_gpus, FLAGS.cpu_replicas)
+        mode = make_mode(
+            FLAGS.distribution,
+            FLAGS.num_gpus,
+            FLAGS.cpu_replicas,
+            average_every=FLAGS.average_every,
+            cluster={
+                "ps_hosts": FLAGS.ps_hosts,
+                "worker_hosts": FLAGS.worker_hosts,
+                "job_name": FLAGS.job_name or "",
+                "task_index": FLAGS.task_index,
+            },
+        )
         logging.info("dtype policy %s (--dtype=%s)", policy, FLAGS.dtype)
         if FLAGS.deterministic:
             tf.config.experimental.enable_op_determinism()

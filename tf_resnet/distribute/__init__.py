@@ -5,7 +5,6 @@ the `DistributionMode` interface in `base.py`.
 """
 
 import tensorflow as tf
-from absl import flags
 
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import UserInputError
@@ -58,19 +57,25 @@ def configure_devices(num_gpus, cpu_replicas=1):
 
 
 def make_mode(
-    distribution="auto", num_gpus=0, cpu_replicas=1, average_every=None
+    distribution="auto",
+    num_gpus=0,
+    cpu_replicas=1,
+    average_every=1,
+    cluster=None,
 ):
     """Creates the distribution mode named by `--distribution`.
 
     Args:
       distribution: `auto` (mirrored over several devices, else default),
         `default`, `mirrored`, `horovod` (synchronous all-reduce over
-        processes) or `averaging` (local steps, weights averaged over
-        processes every `average_every` steps).
+        processes), `averaging` (local steps, weights averaged over
+        processes every `average_every` steps) or `parameter_server`.
       num_gpus: GPUs on this machine to use.
       cpu_replicas: logical CPU devices (used when `num_gpus == 0`).
-      average_every: steps between weight averages of `averaging`;
-        `None` reads `--average_every`.
+      average_every: steps between weight averages of `averaging`.
+      cluster: for `parameter_server`, the keyword arguments of
+        `parameter_server.cluster_resolver` (`ps_hosts`, `worker_hosts`,
+        `job_name`, `task_index`); empty or None: `TF_CONFIG`.
 
     Returns:
       A `base.DistributionMode`.
@@ -85,7 +90,7 @@ def make_mode(
             distribution, num_gpus, cpu_replicas, average_every
         )
     if distribution == "parameter_server":
-        return _parameter_server_mode()
+        return _parameter_server_mode(cluster or {})
     devices = configure_devices(num_gpus, cpu_replicas)
     if distribution == "mirrored" or (
         distribution == "auto" and devices and len(devices) > 1
@@ -110,26 +115,12 @@ def _horovod_mode(distribution, num_gpus, cpu_replicas, average_every):
 
     if distribution == "horovod":
         return horovod_mode.HorovodMode()
-    if average_every is None:
-        average_every = _flag_value("average_every", 1)
     return averaging.AveragingMode(average_every)
 
 
-def _parameter_server_mode():
+def _parameter_server_mode(cluster):
     """The coordinator of a ps/worker cluster (flags, else TF_CONFIG)."""
     from tf_resnet.distribute import parameter_server
 
-    resolver = parameter_server.cluster_resolver(
-        _flag_value("ps_hosts", []),
-        _flag_value("worker_hosts", []),
-        _flag_value("job_name", None) or "",
-        _flag_value("task_index", 0),
-    )
+    resolver = parameter_server.cluster_resolver(**cluster)
     return parameter_server.ParameterServerMode(resolver)
-
-
-def _flag_value(name, default):
-    """A parsed absl flag's value, or `default` outside the command line."""
-    if name in flags.FLAGS and flags.FLAGS.is_parsed():
-        return flags.FLAGS[name].value
-    return default
