@@ -96,19 +96,12 @@ def _setup_tf(spec):
 
 def _use_sliced_subsampling():
     """Option-A shortcuts subsample by slicing (the old way), not pooling."""
-    import keras
-
     from tf_resnet.models import blocks
 
-    def call(self, x, training=None):
-        del training
-        x = x[:, :: self.strides, :: self.strides, :]
-        extra = self.out_channels - x.shape[-1]
-        return keras.ops.pad(
-            x, [[0, 0], [0, 0], [0, 0], [extra // 2, extra - extra // 2]]
-        )
+    def subsample(self, x):
+        return x[:, :: self.strides, :: self.strides, :]
 
-    blocks.ZeroPadShortcut.call = call
+    blocks.ZeroPadShortcut.subsample = subsample
 
 
 def _use_keras_batch_norm():

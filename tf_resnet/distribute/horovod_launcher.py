@@ -37,15 +37,9 @@ import sys
 
 if __package__:
     from tf_resnet.distribute import private_network
-else:  # The plain `python -I` script (see main): load the sibling's file.
-    import importlib.util
-
-    _spec = importlib.util.spec_from_file_location(
-        "private_network",
-        os.path.join(os.path.dirname(__file__), "private_network.py"),
-    )
-    private_network = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(private_network)
+else:  # The plain `python -I` script (see main): import the sibling module.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import private_network
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -8,9 +8,9 @@ nothing the job opens is reachable from outside. Its children inherit the
 namespace; the file system, the process ids and the users stay the same.
 
 Only the standard library is imported, and it must stay so: the launchers
-load this module from its file when they run as a plain `python -I` script
-(see `restart_single_threaded`), where the package, whose `__init__`
-imports TensorFlow, is not importable.
+import this module as a top-level module from their own folder when they
+run as a plain `python -I` script (see `restart_single_threaded`), where
+the package, whose `__init__` imports TensorFlow, is not imported.
 """
 
 import ctypes
