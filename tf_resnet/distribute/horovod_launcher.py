@@ -44,6 +44,7 @@ else:  # The plain `python -I` script (see main): import the sibling module.
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
+LISTENERS = "horovodrun's rendezvous server and the Gloo ranks"
 
 
 def log(message):
@@ -99,13 +100,7 @@ def parse_args(argv):
     parser.add_argument(
         "--np", type=int, required=True, help="Number of ranks to start."
     )
-    parser.add_argument(
-        "--network",
-        choices=("private", "host"),
-        default="private",
-        help="private: a loopback-only network namespace (default); host: "
-        "horovodrun's rendezvous server listens on all interfaces.",
-    )
+    private_network.add_network_flag(parser, LISTENERS)
     parser.add_argument(
         "--main",
         default=os.path.join(ROOT, "resnet_main.py"),
@@ -146,20 +141,9 @@ def main(argv=None):
         return 2
     if args.network == "private":
         private_network.restart_single_threaded(__file__, argv)
-        try:
-            private_network.enter_private_network()
-        except OSError as error:
-            log(
-                f"error: cannot create a private network namespace ({error}). "
-                "horovodrun's rendezvous server listens on all interfaces, so "
-                "the launcher keeps the ranks in one. Run as root, allow "
-                "unprivileged user namespaces, or pass --network=host to "
-                "accept open ports while training runs."
-            )
-            return 2
-        log("ranks run in a private network namespace (loopback only)")
-    else:
-        log("--network=host: horovodrun listens on all network interfaces")
+    failed = private_network.apply_network_flag(args.network, LISTENERS, log)
+    if failed:
+        return failed
     command = horovodrun_command(
         args.np, [sys.executable, args.main, *args.main_flags], horovodrun
     )

@@ -81,3 +81,44 @@ def enter_private_network():
     interfaces = [name for _, name in socket.if_nameindex()]
     if interfaces != ["lo"]:
         raise OSError(f"private namespace has interfaces {interfaces}")
+
+
+def add_network_flag(parser, listeners):
+    """`--network=private|host`, the flag every launcher shares.
+
+    Args:
+      parser: the launcher's `argparse.ArgumentParser`.
+      listeners: what would listen on all interfaces, for the help text
+        (e.g. "TensorFlow's servers").
+    """
+    parser.add_argument(
+        "--network",
+        choices=("private", "host"),
+        default="private",
+        help="private: a loopback-only network namespace (default); host: "
+        f"{listeners} listen on all interfaces.",
+    )
+
+
+def apply_network_flag(network, listeners, log):
+    """Enters the private namespace unless `--network=host`; logs which.
+
+    Returns:
+      2 (the launcher's exit code) when the namespace cannot be created,
+      after logging one line saying why and what to do; else None.
+    """
+    if network == "host":
+        log(f"--network=host: {listeners} listen on all network interfaces")
+        return None
+    try:
+        enter_private_network()
+    except OSError as error:
+        log(
+            f"error: cannot create a private network namespace ({error}). "
+            f"{listeners} listen on all interfaces, so the launcher keeps "
+            "them in one. Run as root, allow unprivileged user namespaces, or "
+            "pass --network=host to accept open ports while the job runs."
+        )
+        return 2
+    log("the job runs in a private network namespace (loopback only)")
+    return None

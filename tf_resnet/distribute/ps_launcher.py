@@ -66,6 +66,7 @@ ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
 PR_SET_PDEATHSIG = 1
+LISTENERS = "TensorFlow's servers"
 
 
 class LaunchError(Exception):
@@ -92,13 +93,7 @@ def parse_args(argv):
     )
     parser.add_argument("--num_ps", type=int, default=1)
     parser.add_argument("--num_workers", type=int, default=2)
-    parser.add_argument(
-        "--network",
-        choices=("private", "host"),
-        default="private",
-        help="private: a loopback-only network namespace (default); host: "
-        "TensorFlow's servers listen on all interfaces.",
-    )
+    private_network.add_network_flag(parser, LISTENERS)
     parser.add_argument(
         "--main",
         default=os.path.join(ROOT, "resnet_main.py"),
@@ -375,21 +370,9 @@ def main(argv=None):
     args = parse_args(argv)
     private_network.restart_single_threaded(__file__, argv)
     signals = _Signals()
-    if args.network == "private":
-        try:
-            private_network.enter_private_network()
-        except OSError as error:
-            log(
-                f"error: cannot create a private network namespace ({error}). "
-                "TensorFlow's servers listen on all interfaces, so the "
-                "launcher keeps them in one. Run as root, allow unprivileged "
-                "user namespaces, or pass --network=host to accept open "
-                "ports while training runs."
-            )
-            return 2
-        log("cluster runs in a private network namespace (loopback only)")
-    else:
-        log("--network=host: the servers listen on all network interfaces")
+    failed = private_network.apply_network_flag(args.network, LISTENERS, log)
+    if failed:
+        return failed
     restarts = Restarts(args.max_restarts)
     while True:
         cluster = Cluster(
