@@ -11,7 +11,10 @@ additions, the rest, and the gap between the wall time and the op times
 that its ops do not overlap and their times add up like PyTorch's (its
 default, one inter-op thread per core, is ~5% faster: train_step.py).
 Profiler times are inflated by the profiler itself; compare the columns,
-not the totals with train_step.py.
+not the totals with train_step.py. The wall time is taken inside the
+profiled region (stopping a profiler and collecting its events take longer
+than the steps). Each framework is profiled in `--processes` processes,
+alternating, and every row shows the median over them.
 """
 
 import argparse
@@ -19,6 +22,7 @@ import collections
 import glob
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +31,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+
+TOP_OPS = 12  # Op types listed one by one.
 
 KINDS = (
     ("convolution", ("conv",)),
@@ -90,11 +96,11 @@ def profile_tf(args):
 
     run(10)  # Tracing, oneDNN primitive caches.
     logdir = tempfile.mkdtemp()
-    start = time.perf_counter()
     tf.profiler.experimental.start(logdir)
+    start = time.perf_counter()
     run(args.steps)
+    wall = time.perf_counter() - start  # Without the profiler's own stop.
     tf.profiler.experimental.stop()
-    wall = time.perf_counter() - start
     space = xplane_pb2.XSpace()
     (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
     with open(path, "rb") as stream:
@@ -136,10 +142,10 @@ def profile_torch(args):
         loss.item()
 
     run(10)
-    start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        start = time.perf_counter()
         run(args.steps)
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start  # Without collecting the events.
     per_op = collections.Counter()
     for event in profiler.key_averages():
         per_op[event.key] += event.self_cpu_time_total / 1e3
@@ -155,7 +161,22 @@ def worker(args):
         per_kind[kind_of(op)] += ms / args.steps
     per_kind["gap (wall - ops)"] = wall / args.steps - sum(per_kind.values())
     per_kind["wall"] = wall / args.steps
-    print(json.dumps(per_kind))
+    per_op = {op: ms / args.steps for op, ms in per_op.items()}
+    print(json.dumps({"kinds": per_kind, "ops": per_op}))
+
+
+def _median(mappings):
+    """Per key, the median over `mappings` (missing counts as 0), largest first.
+
+    Each row's median is taken on its own, so the rows need not add up to
+    the median wall time.
+    """
+    mappings = list(mappings)
+    keys = set().union(*mappings)
+    medians = {
+        k: statistics.median(m.get(k, 0.0) for m in mappings) for k in keys
+    }
+    return dict(sorted(medians.items(), key=lambda item: -item[1]))
 
 
 def main():
@@ -167,26 +188,38 @@ def main():
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="profiled processes per framework; the tables show medians "
+        "(one process can be 10-30%% off the next on a shared host)",
+    )
     parser.add_argument("--framework", choices=("tf", "torch"))
     args = parser.parse_args()
     if args.framework:
         worker(args)
         return
-    results = {}
-    for framework in ("tf", "torch"):
-        output = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                *sys.argv[1:],
-                f"--framework={framework}",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        ).stdout
-        results[framework] = json.loads(output.strip().splitlines()[-1])
+    runs = {"tf": [], "torch": []}
+    for _ in range(args.processes):  # Alternating, so drift hits both.
+        for framework, framework_runs in runs.items():
+            output = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    *sys.argv[1:],
+                    f"--framework={framework}",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            ).stdout
+            framework_runs.append(json.loads(output.strip().splitlines()[-1]))
+    results = {
+        name: _median(r["kinds"] for r in rs) for name, rs in runs.items()
+    }
+    ops = {name: _median(r["ops"] for r in rs) for name, rs in runs.items()}
     rows = []
     for kind in [k for k, _ in KINDS] + [
         "other ops",
@@ -202,9 +235,27 @@ def main():
         )
     common.print_table(
         f"{args.model}, {args.dtype}, batch {args.batch}, {args.threads} "
-        f"threads, {args.steps} profiled steps; load "
+        f"threads, {args.steps} profiled steps, median of {args.processes} "
+        f"processes each; load "
         f"{common.load_average():.2f} at end",
         ["ms per step", "ours (TF, 1 inter-op)", "PyTorch", "ours - PyTorch"],
+        rows,
+    )
+    # Op by op: which kernels make a row (e.g. TF's batch norm forward is
+    # partly _FusedBatchNormEx, BN and ReLU in one kernel).
+    tf_ops, torch_ops = (
+        list(ops[name].items())[:TOP_OPS] for name in ("tf", "torch")
+    )
+    rows = []
+    for rank in range(TOP_OPS):
+        row = []
+        for listing in (tf_ops, torch_ops):
+            name, ms = listing[rank] if rank < len(listing) else ("", None)
+            row += [name, "" if ms is None else f"{ms:.1f}"]
+        rows.append(row)
+    common.print_table(
+        f"the {TOP_OPS} slowest op types of each, ms per step",
+        ["TF op", "ms", "PyTorch op", "ms"],
         rows,
     )
 
