@@ -226,12 +226,7 @@ def serve(setup):
         seconds = time.perf_counter() - start
         # A block may time itself (e.g. excluding model.fit's set-up).
         images, seconds = (
-            result
-            if isinstance(result, tuple)
-            else (
-                result,
-                seconds,
-            )
+            result if isinstance(result, tuple) else (result, seconds)
         )
         _send(channel, {"seconds": seconds, "images": images})
 

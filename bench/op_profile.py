@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
+import train_step  # noqa: E402
 
 TOP_OPS = 12  # Op types listed one by one.
 
@@ -51,54 +52,38 @@ def kind_of(op_name):
     return "other ops"
 
 
-def fixed_batch(batch):
-    import numpy as np
+def step_spec(args, inter):
+    """The `train_step.py` contender spec of the step to profile.
 
-    rng = np.random.default_rng(0)
-    images = rng.normal(size=(batch, 32, 32, 3)).astype("float32")
-    return images, rng.integers(0, 10, size=batch).astype("int32")
+    The profiled steps are built by `train_step.setup_ours` / `setup_torch`,
+    so they are exactly the steps that benchmark times: one fixed CIFAR-10
+    batch, channels-last, warmed up.
+    """
+    return {
+        "model": args.model,
+        "batch": args.batch,
+        "threads": args.threads,
+        "inter": inter,
+        "dtype": args.dtype,
+        "xla": 0,
+        "layout": "channels_last",
+        "steps": args.steps,
+        "data": "cifar10",
+        "input": "fixed",
+    }
 
 
 def profile_tf(args):
     """Milliseconds by TF op type of the training loop's step."""
-    import keras
+    # One inter-op thread, so that TF's ops do not overlap (see above).
+    run_block, _ = train_step.setup_ours(step_spec(args, inter=1))
     import tensorflow as tf
-
-    common.set_tf_threads(args.threads, 1)
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from tf_resnet import flags, train_loop
-    from tf_resnet.distribute import tf_strategy
-
-    keras.config.set_dtype_policy(flags.resolve_dtype(args.dtype))
-    config = train_loop.TrainConfig(
-        train_data_path=common.DATA["cifar10"]["path"],
-        model=args.model,
-        batch_size=args.batch,
-    )
-    mode = tf_strategy.default_mode()
-    mode.set_global_batch(args.batch)
-    model, optimizer = train_loop.build_model_and_optimizer(
-        config, mode, total_steps=100_000
-    )
-    step = mode.make_train_step(
-        train_loop.make_replica_fn(model, optimizer, mode, config)
-    )
-    batch = fixed_batch(args.batch)
-    iterator = mode.distribute_dataset(
-        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
-    )
-
-    def run(steps):
-        for _ in range(steps):
-            metrics = step(iterator)
-        mode.fetch(metrics)
-
-    run(10)  # Tracing, oneDNN primitive caches.
     logdir = tempfile.mkdtemp()
     tf.profiler.experimental.start(logdir)
     start = time.perf_counter()
-    run(args.steps)
+    run_block()
     wall = time.perf_counter() - start  # Without the profiler's own stop.
     tf.profiler.experimental.stop()
     space = xplane_pb2.XSpace()
@@ -119,32 +104,13 @@ def profile_tf(args):
 
 def profile_torch(args):
     """Milliseconds by aten op of the PyTorch twin's step."""
-    import torch
-    import torch_resnet
+    # inter=0: PyTorch's default inter-op pool, as in train_step.py.
+    run_block, _ = train_step.setup_torch(step_spec(args, inter=0))
     from torch.profiler import ProfilerActivity, profile
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = torch_resnet.build(args.model, 10)
-    model = model.to(memory_format=torch.channels_last)
-    images, labels = fixed_batch(args.batch)
-    images = torch.from_numpy(images).permute(0, 3, 1, 2)
-    images = images.contiguous(memory_format=torch.channels_last)
-    labels = torch.from_numpy(labels).long()
-    model.train()
-    step = torch_resnet.make_train_step(
-        model, bfloat16=args.dtype == "mixed_bfloat16"
-    )
-
-    def run(steps):
-        for _ in range(steps):
-            loss = step(images, labels)
-        loss.item()
-
-    run(10)
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         start = time.perf_counter()
-        run(args.steps)
+        run_block()
         wall = time.perf_counter() - start  # Without collecting the events.
     per_op = collections.Counter()
     for event in profiler.key_averages():
