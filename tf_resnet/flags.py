@@ -234,7 +234,7 @@ def set_horovod_defaults():
 
     Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
     1 ms default it takes CPU from ranks that share the cores (2 ranks on 2
-    cores: 1.63x -> 1.78x one rank, bench/scaling.py). An explicit
+    cores: 1.52x -> 1.73x one rank, bench/README.md). An explicit
     `horovodrun --cycle-time-ms` (the same variable) still wins.
     """
     if not tf.config.list_physical_devices("GPU"):
