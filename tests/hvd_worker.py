@@ -65,8 +65,12 @@ def observe_mode(mode, seen):
         if "model" not in seen:
             seen.update(model=model, optimizer=optimizer)
             np.savez(dump_path("first") + ".npz", *model.get_weights())
-            with open(dump_path("pid") + ".txt", "w") as stream:
+            # Written then renamed: the test polls for the file and must
+            # never read it half-written.
+            pid_path = dump_path("pid") + ".txt"
+            with open(pid_path + ".tmp", "w") as stream:
                 stream.write(str(os.getpid()))
+            os.replace(pid_path + ".tmp", pid_path)
 
     mode.after_step = after_step_and_observe
 

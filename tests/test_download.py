@@ -120,8 +120,10 @@ class _Server:
                 if server.drop_next_after is not None:
                     payload = payload[: server.drop_next_after]
                     server.drop_next_after = None
-                self.wfile.write(payload)
+                # Counted before writing: the client may return (and the test
+                # read this) as soon as the last byte arrives.
                 server.bytes_sent += len(payload)
+                self.wfile.write(payload)
 
         return Handler
 

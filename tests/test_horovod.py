@@ -125,7 +125,6 @@ def _wait_for_pids(started, timeout=180):
             output = pathlib.Path(started.output_path).read_text()
             pytest.fail(f"ranks did not start training:\n{output[-3000:]}")
         time.sleep(0.5)
-    time.sleep(0.5)  # Let the files be written completely.
     return [int(path.read_text()) for path in paths]
 
 
