@@ -19,11 +19,9 @@ import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
 from tf_resnet import flags as resnet_flags  # noqa: E402
-from tf_resnet import train_loop  # noqa: E402
-from tf_resnet.distribute import (
-    make_mode,  # noqa: E402
-    parameter_server,  # noqa: E402
-)
+from tf_resnet import runtime, train_loop  # noqa: E402
+from tf_resnet.checkpointing import first_line  # noqa: E402
+from tf_resnet.distribute import make_mode, parameter_server  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
@@ -33,32 +31,28 @@ def run(argv):
     """Runs the job the flags describe; returns the process exit code."""
     del argv
     try:
-        # Thread pools are fixed when TensorFlow initialises: set them first.
-        policy = resnet_flags.apply_performance_flags()
-        server = parameter_server.server_task(
-            FLAGS.ps_hosts, FLAGS.worker_hosts, FLAGS.job_name, FLAGS.task_index
-        )
+        config = resnet_flags.config_from_flags()
+        started = runtime.start(config)
+        dist = config.distribution
+        server = parameter_server.server_task(**dist.cluster)
         if server:  # A ps or worker task: serve the cluster until killed.
             parameter_server.run_server(server)
             return 0
-        config = resnet_flags.config_from_flags()
         mode = make_mode(
-            FLAGS.distribution,
-            FLAGS.num_gpus,
-            FLAGS.cpu_replicas,
-            average_every=FLAGS.average_every,
-            cluster={
-                "ps_hosts": FLAGS.ps_hosts,
-                "worker_hosts": FLAGS.worker_hosts,
-                "job_name": FLAGS.job_name or "",
-                "task_index": FLAGS.task_index,
-            },
+            started.distribution,
+            config.optim.batch_size,
+            dist,
+            started.devices,
         )
-        logging.info("dtype policy %s (--dtype=%s)", policy, FLAGS.dtype)
-        if FLAGS.deterministic:
-            tf.config.experimental.enable_op_determinism()
+        logging.info(
+            "distribution %s (%s), dtype policy %s (--dtype=%s)",
+            mode.name,
+            started.reason,
+            started.dtype_policy,
+            config.runtime.dtype,
+        )
         try:
-            if FLAGS.mode == "train":
+            if config.run.mode == "train":
                 result = train_loop.train(config, mode)
                 logging.info("done: %s", result)
             else:
@@ -77,7 +71,7 @@ def run(argv):
         latest = tf.train.latest_checkpoint(FLAGS.log_root) or "none"
         print(
             "resnet_main: error: lost a task of the training cluster "
-            f"({train_loop.first_line(error)}); the latest complete "
+            f"({first_line(error)}); the latest complete "
             f"checkpoint, which a rerun resumes from, is {latest}",
             file=sys.stderr,
         )

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from horovod_runs import Spec
 
+from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError
 
@@ -85,4 +86,4 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
 
 def test_average_every_must_be_positive():
     with pytest.raises(UserInputError, match="--average_every must be"):
-        make_mode("averaging", average_every=0)
+        make_mode("averaging", 128, DistributionConfig(average_every=0))

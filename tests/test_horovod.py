@@ -18,6 +18,7 @@ from conftest import run_main
 from horovod_runs import Spec
 
 from data import make_synthetic_cifar
+from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError
 
@@ -174,7 +175,7 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
 
 def test_one_device_per_rank():
     with pytest.raises(UserInputError, match="one device per process"):
-        make_mode("horovod", cpu_replicas=2)
+        make_mode("horovod", 128, DistributionConfig(cpu_replicas=2))
 
 
 def test_sync_bn_is_refused_under_horovod():

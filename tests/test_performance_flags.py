@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 from conftest import ROOT
 
-from tf_resnet import flags as resnet_flags
-from tf_resnet import train_loop
+from tf_resnet import runtime, train_loop
+from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.models import blocks, cifar_resnet
 from tf_resnet.models.fused_batch_norm import FusedBatchNormalization
@@ -121,21 +121,24 @@ def test_fused_batch_norm_round_trips_through_keras_config():
 
 def test_auto_dtype_resolution(tmp_path, monkeypatch):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu avx512f avx512_bf16 amx_tile\n")
-    assert not resnet_flags.cpu_has_amx_bf16(str(cpuinfo))
+    cpuinfo.write_text("flags\t\t: fpu avx512f avx2 amx_tile\n")
+    assert runtime.cpu_bf16_flags(str(cpuinfo)) == ()
     cpuinfo.write_text("model name : X\nflags\t\t: fpu amx_bf16 amx_tile\n")
-    assert resnet_flags.cpu_has_amx_bf16(str(cpuinfo))
-    assert not resnet_flags.cpu_has_amx_bf16(str(tmp_path / "missing"))
+    assert runtime.cpu_bf16_flags(str(cpuinfo)) == ("amx_bf16",)
+    # AMD Zen 4: AVX512-BF16 but no AMX.
+    cpuinfo.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
+    assert runtime.cpu_bf16_flags(str(cpuinfo)) == ("avx512_bf16",)
+    assert runtime.cpu_bf16_flags(str(tmp_path / "missing")) == ()
     for explicit in ("float32", "float64", "mixed_float16", "mixed_bfloat16"):
-        assert resnet_flags.resolve_dtype(explicit) == explicit
-    monkeypatch.setattr(resnet_flags, "cpu_has_amx_bf16", lambda: True)
+        assert runtime.resolve_dtype(explicit) == explicit
+    monkeypatch.setattr(runtime, "cpu_bf16_flags", lambda: ("avx512_bf16",))
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
-    assert resnet_flags.resolve_dtype("auto") == "mixed_bfloat16"
+    assert runtime.resolve_dtype("auto") == "mixed_bfloat16"
     monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # bf16 emulated: slow.
-    assert resnet_flags.resolve_dtype("auto") == "float32"
+    assert runtime.resolve_dtype("auto") == "float32"
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
-    monkeypatch.setattr(resnet_flags, "cpu_has_amx_bf16", lambda: False)
-    assert resnet_flags.resolve_dtype("auto") == "float32"
+    monkeypatch.setattr(runtime, "cpu_bf16_flags", lambda: ())
+    assert runtime.resolve_dtype("auto") == "float32"
 
 
 def tiny_training(config, steps=4, image_size=8):
@@ -144,8 +147,7 @@ def tiny_training(config, steps=4, image_size=8):
     Returns the per-step mean losses and the optimizer.
     """
     keras.utils.set_random_seed(0)
-    mode = tf_strategy.default_mode()
-    mode.set_global_batch(config.batch_size)
+    mode = tf_strategy.default_mode(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (image_size, image_size, 3))
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     if keras.config.dtype_policy().name == "mixed_float16":
@@ -156,10 +158,10 @@ def tiny_training(config, steps=4, image_size=8):
     )
     rng = np.random.default_rng(0)
     batch = (
-        rng.normal(size=(config.batch_size, image_size, image_size, 3)).astype(
-            np.float32
-        ),
-        rng.integers(0, 10, config.batch_size).astype(np.int32),
+        rng.normal(
+            size=(config.optim.batch_size, image_size, image_size, 3)
+        ).astype(np.float32),
+        rng.integers(0, 10, config.optim.batch_size).astype(np.int32),
     )
     iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
     losses = []
@@ -170,8 +172,8 @@ def tiny_training(config, steps=4, image_size=8):
 
 
 def test_xla_step_computes_the_same_training():
-    plain, _ = tiny_training(train_loop.TrainConfig(batch_size=16))
-    compiled, _ = tiny_training(train_loop.TrainConfig(batch_size=16, xla=True))
+    plain, _ = tiny_training(make_config(batch_size=16))
+    compiled, _ = tiny_training(make_config(batch_size=16, xla=True))
     np.testing.assert_allclose(compiled, plain, rtol=1e-3)
     assert plain[-1] < plain[0]
 
@@ -179,9 +181,7 @@ def test_xla_step_computes_the_same_training():
 def test_mixed_float16_trains_with_loss_scaling(policy):
     """The GPU recipe on a CPU: float16 compute, scaled loss, falling loss."""
     policy("mixed_float16")
-    losses, optimizer = tiny_training(
-        train_loop.TrainConfig(batch_size=16), steps=6
-    )
+    losses, optimizer = tiny_training(make_config(batch_size=16), steps=6)
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     assert float(optimizer.dynamic_scale.numpy()) > 1.0  # Loss was scaled.
     assert all(np.isfinite(losses))
@@ -190,9 +190,7 @@ def test_mixed_float16_trains_with_loss_scaling(policy):
 
 def test_mixed_bfloat16_trains(policy):
     policy("mixed_bfloat16")
-    losses, optimizer = tiny_training(
-        train_loop.TrainConfig(batch_size=16), steps=6
-    )
+    losses, optimizer = tiny_training(make_config(batch_size=16), steps=6)
     # bfloat16 has float32's range: no loss scaling needed.
     assert not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     assert losses[-1] < 0.7 * losses[0]
@@ -202,14 +200,21 @@ def test_thread_and_horovod_settings_reach_tensorflow():
     """Parsed in a fresh process: thread pools are fixed once TF starts."""
     script = (
         "import os, sys\n"
-        "from tf_resnet import flags\n"
+        "from tf_resnet import runtime\n"
+        "from tf_resnet.config import make_config\n"
+        "from tf_resnet.distribute import make_mode\n"
         "import tensorflow as tf\n"
-        "flags.define_performance_flags()\n"
-        "flags.FLAGS(sys.argv)\n"
-        "policy = flags.apply_performance_flags()\n"
+        "values = dict(a[2:].split('=') for a in sys.argv[1:])\n"
+        "config = make_config(\n"
+        "    intra_op_threads=int(values.get('intra_op_threads', 0)),\n"
+        "    inter_op_threads=int(values.get('inter_op_threads', 0)),\n"
+        "    dtype=values.get('dtype', 'auto'))\n"
+        "started = runtime.start(config)\n"
+        "mode = make_mode('horovod', 8)  # A rank of its own (size 1).\n"
         "print(tf.config.threading.get_intra_op_parallelism_threads(),\n"
         "      tf.config.threading.get_inter_op_parallelism_threads(),\n"
-        "      policy, os.environ['HOROVOD_CYCLE_TIME'])\n"
+        "      started.dtype_policy, os.environ['HOROVOD_CYCLE_TIME'])\n"
+        "mode.shutdown()\n"
     )
 
     def run(*args, env=None):
@@ -240,9 +245,8 @@ def test_weight_decay_gradient_equals_the_l2_penalty(loss_scaling):
     """The loop adds 2 * wd/2 * w to kernel gradients instead of
     differentiating the penalty: the update must be the same."""
     keras.utils.set_random_seed(0)
-    config = train_loop.TrainConfig(batch_size=8, weight_decay=0.05)
-    mode = tf_strategy.default_mode()
-    mode.set_global_batch(config.batch_size)
+    config = make_config(batch_size=8, weight_decay=0.05)
+    mode = tf_strategy.default_mode(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))
     optimizer = keras.optimizers.SGD(1.0)  # Update = -gradient.
     if loss_scaling:
@@ -273,10 +277,11 @@ def test_weight_decay_gradient_equals_the_l2_penalty(loss_scaling):
 MIRRORED_XLA = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
+from tf_resnet import runtime
+from tf_resnet.config import make_config
 from tf_resnet.distribute import make_mode
 from tf_resnet.models import blocks, cifar_resnet
-mode = make_mode("mirrored", cpu_replicas=2)
-mode.set_global_batch(16)
+mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))
 rng = np.random.default_rng(0)
 batch = (rng.normal(size=(16, 8, 8, 3)).astype(np.float32),
          rng.integers(0, 10, 16).astype(np.int32))
@@ -286,7 +291,7 @@ for xla in (False, True):
         model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))
         optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
         optimizer.build(model.trainable_variables)
-    config = train_loop.TrainConfig(batch_size=16, xla=xla)
+    config = make_config(batch_size=16, xla=xla)
     step = mode.make_train_step(
         train_loop.make_replica_fn(model, optimizer, mode, config))
     iterator = mode.distribute_dataset(

@@ -9,6 +9,7 @@ import tensorflow as tf
 from conftest import run_main, write_cifar_records
 
 from tf_resnet import train_loop
+from tf_resnet.config import make_config
 from tf_resnet.distribute import base, tf_strategy
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import build_model, pretrained
@@ -277,7 +278,7 @@ def train_config(tmp_path, **overrides):
         shuffle_buffer=32,
     )
     values.update(overrides)
-    return train_loop.TrainConfig(**values)
+    return make_config(**values)
 
 
 def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
@@ -287,18 +288,18 @@ def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
     config = train_config(
         tmp_path,
         model="resnet18",
-        model_options={"stem": "cifar"},
+        stem="cifar",
         pretrained=str(weights),
         freeze_backbone_epochs=1,
         train_steps=6,
         checkpoint_every_steps=4,
     )
-    train_loop.train(config, tf_strategy.default_mode())
+    train_loop.train(config, tf_strategy.default_mode(config.optim.batch_size))
 
     def restored(step):
         model = build_model("resnet18", 10, (32, 32, 3), stem="cifar")
         tf.train.Checkpoint(model=model).read(
-            f"{config.log_root}/ckpt-{step}"
+            f"{config.run.log_root}/ckpt-{step}"
         ).expect_partial()
         return {v.path: v.numpy() for v in model.weights}
 
@@ -326,8 +327,7 @@ def test_backbone_lr_multiplier_scales_backbone_updates():
     rng = np.random.default_rng(0)
     images = rng.normal(size=(4, 8, 8, 3)).astype(np.float32)
     labels = np.array([0, 1, 2, 1], np.int32)
-    mode = base.DistributionMode()
-    mode.set_global_batch(4)
+    mode = base.DistributionMode(4)
 
     def update(multiplier):
         for variable, value in zip(
@@ -336,7 +336,7 @@ def test_backbone_lr_multiplier_scales_backbone_updates():
             variable.assign(value)
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        config = train_loop.TrainConfig(backbone_lr_multiplier=multiplier)
+        config = make_config(backbone_lr_multiplier=multiplier)
         train_loop.make_replica_fn(model, optimizer, mode, config)(
             images, labels
         )

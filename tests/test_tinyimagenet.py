@@ -8,6 +8,7 @@ import tensorflow as tf
 from conftest import all_batches
 
 from tf_resnet import data, train_loop
+from tf_resnet.config import make_config
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError
@@ -250,7 +251,7 @@ def test_image_of_wrong_size_fails_naming_the_file(tiny):
 def test_training_loop_on_tiny_imagenet_folder(tmp_path):
     root = str(tmp_path / "tiny")
     write_tiny_imagenet(root, train_per_class=8, val_per_class=2)
-    config = train_loop.TrainConfig(
+    config = make_config(
         dataset="tinyimagenet",
         data_source="folder",
         train_data_path=root,
@@ -262,9 +263,13 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path):
         log_every_steps=1,
         shuffle_buffer=100,
     )
-    result = train_loop.train(config, tf_strategy.default_mode())
+    result = train_loop.train(
+        config, tf_strategy.default_mode(config.optim.batch_size)
+    )
     assert result["step"] == 2
     assert result["examples"] == 6  # The whole validation split.
     assert 0.0 <= result["precision"] <= 1.0
-    shapes = [shape for _, shape in tf.train.list_variables(config.log_root)]
+    shapes = [
+        shape for _, shape in tf.train.list_variables(config.run.log_root)
+    ]
     assert [64, 3] in shapes  # Classifier sized from the 3 class folders.

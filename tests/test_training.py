@@ -10,6 +10,7 @@ from conftest import run_main
 from tensorboard.backend.event_processing import event_accumulator
 
 from tf_resnet import train_loop
+from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
 
 
@@ -27,7 +28,7 @@ def config(synthetic, log_root, **overrides):
         shuffle_buffer=1000,
     )
     values.update(overrides)
-    return train_loop.TrainConfig(**values)
+    return make_config(**values)
 
 
 def scalars(directory, tag):
@@ -61,20 +62,22 @@ def eval_rows(log_root):
 def trained(synthetic_cifar, tmp_path_factory):
     log_root = tmp_path_factory.mktemp("trained")
     cfg = config(synthetic_cifar, log_root)
-    result = train_loop.train(cfg, tf_strategy.default_mode())
+    result = train_loop.train(
+        cfg, tf_strategy.default_mode(cfg.optim.batch_size)
+    )
     return cfg, result
 
 
 def test_training_learns_and_writes_tensorboard_events(trained):
     cfg, result = trained
     assert result["step"] == 40
-    losses = scalars(cfg.train_dir, "loss")
+    losses = scalars(cfg.run.train_dir, "loss")
     assert [step for step, _ in losses] == [5, 10, 15, 20, 25, 30, 35, 40]
     assert np.mean([v for _, v in losses[-2:]]) < 0.8 * losses[0][1]
     for tag in ("accuracy", "learning_rate", "images_per_sec"):
-        assert len(scalars(cfg.train_dir, tag)) == 8
-    precision = scalars(cfg.eval_dir, "Precision")
-    best = scalars(cfg.eval_dir, "Best Precision")
+        assert len(scalars(cfg.run.train_dir, tag)) == 8
+    precision = scalars(cfg.run.eval_dir, "Precision")
+    best = scalars(cfg.run.eval_dir, "Best Precision")
     assert [step for step, _ in precision] == [20, 40]
     assert best[-1][1] == pytest.approx(max(v for _, v in precision))
     assert precision[-1][1] == pytest.approx(result["precision"])
@@ -83,13 +86,13 @@ def test_training_learns_and_writes_tensorboard_events(trained):
 
 def test_eval_csv_and_learning_curve(trained):
     cfg, result = trained
-    with open(os.path.join(cfg.log_root, "eval.csv"), newline="") as stream:
+    with open(os.path.join(cfg.run.log_root, "eval.csv"), newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert [int(r["step"]) for r in rows] == [20, 40]
     assert float(rows[-1]["precision"]) == pytest.approx(result["precision"])
     # 1000 training examples / batch 32 = 31 steps per epoch.
     assert float(rows[0]["epoch"]) == pytest.approx(20 / 31, abs=1e-3)
-    with open(os.path.join(cfg.log_root, "learning_curve.png"), "rb") as s:
+    with open(os.path.join(cfg.run.log_root, "learning_curve.png"), "rb") as s:
         assert s.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
@@ -101,7 +104,9 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
         eval_every_steps=6,
         eval_batch_count=1,
     )
-    train_loop.train(straight, tf_strategy.default_mode())
+    train_loop.train(
+        straight, tf_strategy.default_mode(straight.optim.batch_size)
+    )
     pieces = config(
         synthetic_cifar,
         tmp_path / "pieces",
@@ -111,7 +116,9 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
         steps_per_run=5,
     )
     steps = [
-        train_loop.train(pieces, tf_strategy.default_mode())["step"]
+        train_loop.train(
+            pieces, tf_strategy.default_mode(pieces.optim.batch_size)
+        )["step"]
         for _ in range(3)
     ]
     assert steps == [5, 10, 12]
@@ -132,10 +139,10 @@ def test_eval_mode_evaluates_latest_checkpoint_once(trained, tmp_path):
         [
             "--mode=eval",
             "--eval_once",
-            f"--log_root={cfg.log_root}",
+            f"--log_root={cfg.run.log_root}",
             f"--eval_dir={eval_dir}",
-            f"--eval_data_path={cfg.eval_data_path}",
-            f"--train_data_path={cfg.train_data_path}",
+            f"--eval_data_path={cfg.data.eval_data_path}",
+            f"--train_data_path={cfg.data.train_data_path}",
             "--batch_size=32",
             "--dtype=float32",  # As `trained` (auto is bf16 on AMX CPUs).
         ]

@@ -68,62 +68,100 @@ def evaluate(eval_step, dataset, mode, max_batches=None):
     }
 
 
-def build_eval_dataset(config, mode):
+def build_eval_dataset(config, mode, split=None):
     """This process's shard of the evaluation split, in file order."""
     num_shards, shard_index = mode.eval_shard()
+    data_config = config.data
     return data.build_dataset(
-        config.dataset,
-        config.eval_data_path,
+        data_config.dataset,
+        data_config.split_path(training=False),
         training=False,
-        batch_size=config.eval_batch_size or config.batch_size,
-        source=config.data_source,
+        batch_size=config.optim.eval_batch_size or config.optim.batch_size,
+        source=data_config.data_source or "binary",
         num_shards=num_shards,
         shard_index=shard_index,
-        image_size=config.image_size,
+        image_size=data_config.image_size,
     )
 
 
-def continuous_eval(config, mode, model, steps_per_epoch):
-    """Evaluates every new checkpoint in `config.log_root`.
+class Evaluator:
+    """Evaluates the model and records the result, in training or the job.
 
-    Stops after one evaluation with `config.eval_once`, or when no new
-    checkpoint has appeared for `config.eval_timeout_secs`.
+    Every process of the mode takes part (the counts are summed over them);
+    the chief writes `eval.csv`, the learning curve and the TensorBoard
+    `Precision` / `Best Precision` events.
     """
-    checkpoint = tf.train.Checkpoint(model=model)
-    writers = summaries.Writers(
-        config.train_dir, config.eval_dir, mode.is_chief
-    )
-    history = summaries.EvalHistory(config.log_root, title=config.model)
-    eval_step = make_eval_step(model)
-    dataset = build_eval_dataset(config, mode)
-    if config.eval_once:
-        paths = [tf.train.latest_checkpoint(config.log_root)]
-        if paths[0] is None:
-            raise FileNotFoundError(
-                f"{config.log_root}: no checkpoint to evaluate"
-            )
-    else:
-        paths = tf.train.checkpoints_iterator(
-            config.log_root,
-            min_interval_secs=5,
-            timeout=config.eval_timeout_secs,
+
+    def __init__(self, config, mode, model):
+        self.mode = mode
+        self.model = model
+        self.max_batches = config.run.eval_batch_count
+        self.step_fn = make_eval_step(model)
+        self.dataset = build_eval_dataset(config, mode)
+        self.writer = summaries.EvalWriter(config.run.eval_dir, mode.is_chief)
+        self.history = summaries.EvalHistory(
+            config.run.log_root, title=config.model.model
         )
-    for path in paths:
-        checkpoint.restore(path).expect_partial()
-        step = int(path.rsplit("-", 1)[1])
+
+    def __call__(self, step, epoch):
+        """Evaluates the model as it is now; returns the result dict."""
+        self.mode.synchronize(self.model)
         start = time.time()
-        result = evaluate(eval_step, dataset, mode, config.eval_batch_count)
-        best = history.record(
-            step, step / steps_per_epoch, result["precision"], result["loss"]
+        result = evaluate(
+            self.step_fn, self.dataset, self.mode, self.max_batches
         )
-        writers.write_eval(step, result, best)
+        best = result["precision"]
+        if self.mode.is_chief:
+            best = self.history.record(
+                step, epoch, result["precision"], result["loss"]
+            )
+            self.writer.write(step, result, best)
         logging.info(
-            "eval %s: precision %.4f, best %.4f, loss %.4f, %d examples, %.1fs",
-            path,
+            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d "
+            "examples, %.1fs",
+            step,
             result["precision"],
             best,
             result["loss"],
             result["examples"],
             time.time() - start,
         )
-    writers.close()
+        return result
+
+    def close(self):
+        self.writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def continuous_eval(config, mode, model, epoch_of):
+    """Evaluates every new checkpoint in `config.run.log_root`.
+
+    `epoch_of(step)` gives the epoch of a checkpoint's step.
+
+    Stops after one evaluation with `eval_once`, or when no new checkpoint
+    has appeared for `eval_timeout_secs`.
+    """
+    run = config.run
+    checkpoint = tf.train.Checkpoint(model=model)
+    evaluator = Evaluator(config, mode, model)
+    if run.eval_once:
+        paths = [tf.train.latest_checkpoint(run.log_root)]
+        if paths[0] is None:
+            raise FileNotFoundError(
+                f"{run.log_root}: no checkpoint to evaluate"
+            )
+    else:
+        paths = tf.train.checkpoints_iterator(
+            run.log_root, min_interval_secs=5, timeout=run.eval_timeout_secs
+        )
+    for path in paths:
+        checkpoint.restore(path).expect_partial()
+        step = int(path.rsplit("-", 1)[1])
+        logging.info("evaluating %s", path)
+        evaluator(step, epoch_of(step))
+    evaluator.close()

@@ -6,16 +6,10 @@ and of the Ray ResNet example are kept: `--dataset --mode --train_data_path
 --eval_once --num_gpus --image_size`.
 """
 
-import os
-
-import keras
-import tensorflow as tf
 from absl import flags
 
+from tf_resnet import config as config_lib
 from tf_resnet import data, models
-from tf_resnet.distribute import DISTRIBUTIONS
-from tf_resnet.errors import UserInputError
-from tf_resnet.train_loop import TrainConfig
 
 FLAGS = flags.FLAGS
 
@@ -23,10 +17,12 @@ FLAGS = flags.FLAGS
 def define_data_flags():
     """Which dataset, where its files are and how it is read."""
     flags.DEFINE_enum("dataset", "cifar10", sorted(data.DATASETS), "Dataset.")
-    flags.DEFINE_string(
+    flags.DEFINE_enum(
         "data_source",
-        "binary",
-        "On-disk format: binary (official CIFAR "
+        None,
+        ["binary", "pickle", "tfds", "folder"],
+        "On-disk format (default: inferred from --dataset and the files): "
+        "binary (official CIFAR "
         "binaries), pickle (official CIFAR python pickles: data_batch_*, "
         "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
         "tensorflow-datasets in --tfds_data_dir; never downloads), folder "
@@ -171,18 +167,19 @@ def define_performance_flags():
     flags.DEFINE_enum(
         "dtype",
         "auto",
-        ["auto", "float32", "float64", "mixed_bfloat16", "mixed_float16"],
+        list(config_lib.DTYPES),
         "Keras dtype policy. auto: mixed_bfloat16 on a CPU-only machine "
-        "whose CPU has AMX-BF16 (measured 1.5x faster training, same "
-        "accuracy), else float32. mixed_float16 (GPU) adds loss scaling; "
+        "whose CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16: "
+        "faster at the same accuracy, bench/README.md), else float32. "
+        "mixed_float16 (GPU) adds loss scaling; "
         "float64 is for numerical verification.",
     )
     flags.DEFINE_bool(
         "xla",
         False,
         "Compile the forward and backward pass with XLA. Off "
-        "by default: 4.8x slower on CPU (XLA's CPU convolutions bypass "
-        "oneDNN); worth trying on GPUs.",
+        "by default: much slower on CPU (XLA's CPU convolutions bypass "
+        "oneDNN, bench/README.md); worth trying on GPUs.",
     )
     flags.DEFINE_integer(
         "intra_op_threads",
@@ -198,69 +195,12 @@ def define_performance_flags():
     )
 
 
-def cpu_has_amx_bf16(cpuinfo="/proc/cpuinfo"):
-    """Whether the CPU advertises AMX-BF16 (Linux; False when unknown)."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as stream:
-            return any(
-                line.startswith("flags") and "amx_bf16" in line.split()
-                for line in stream
-            )
-    except OSError:
-        return False
-
-
-def resolve_dtype(name):
-    """The Keras dtype policy of `--dtype`, with `auto` resolved.
-
-    bfloat16 pays on CPUs with AMX tiles and TF's oneDNN kernels (without
-    them bfloat16 is emulated and slower); GPUs keep float32 unless asked,
-    as mixed precision there is not measured on this project's machines.
-    """
-    if name != "auto":
-        return name
-    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").lower()
-    if (
-        onednn not in ("0", "false")
-        and not tf.config.list_physical_devices("GPU")
-        and cpu_has_amx_bf16()
-    ):
-        return "mixed_bfloat16"
-    return "float32"
-
-
-def set_horovod_defaults():
-    """A 5 ms Horovod cycle on CPU-only machines (before `hvd.init`).
-
-    Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
-    1 ms default it takes CPU from ranks that share the cores (2 ranks on 2
-    cores: 1.52x -> 1.73x one rank, bench/README.md). An explicit
-    `horovodrun --cycle-time-ms` (the same variable) still wins.
-    """
-    if not tf.config.list_physical_devices("GPU"):
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
-
-
-def apply_performance_flags():
-    """Sets thread pools and the dtype policy; returns the policy name.
-
-    Must run before TensorFlow initialises its runtime (thread pools are
-    fixed then).
-    """
-    tf.config.threading.set_intra_op_parallelism_threads(FLAGS.intra_op_threads)
-    tf.config.threading.set_inter_op_parallelism_threads(FLAGS.inter_op_threads)
-    set_horovod_defaults()
-    policy = resolve_dtype(FLAGS.dtype)
-    keras.config.set_dtype_policy(policy)
-    return policy
-
-
 def define_finetune_flags():
     """Presets, model variants and ImageNet fine-tuning."""
     flags.DEFINE_enum(
         "preset",
         None,
-        sorted(PRESETS),
+        sorted(config_lib.PRESETS),
         "Hyperparameters of a course "
         "assignment (docs/recipes.md); flags given explicitly still win.",
     )
@@ -297,87 +237,16 @@ def define_finetune_flags():
     )
 
 
-# Starting points for the course's assignments; docs/recipes.md says why.
-PRESETS = {
-    "course_cifar100": {
-        "dataset": "cifar100",
-        "model": "course_resnet",
-        "train_epochs": 60,
-        "batch_size": 128,
-        "learning_rate": 0.1,
-        "warmup_epochs": 2,
-        "lr_decay_fractions": ["0.5", "0.75"],
-        "weight_decay": 5e-4,
-    },
-    "course_tinyimagenet": {
-        "dataset": "tinyimagenet",
-        "data_source": "folder",
-        "model": "course_resnet",
-        "train_epochs": 40,
-        "batch_size": 128,
-        "learning_rate": 0.1,
-        "warmup_epochs": 2,
-        "lr_decay_fractions": ["0.5", "0.75"],
-        "weight_decay": 5e-4,
-    },
-    "resnet18_cifar100": {
-        "dataset": "cifar100",
-        "model": "resnet18",
-        "stem": "imagenet",
-        "image_size": 224,
-        "train_epochs": 10,
-        "batch_size": 128,
-        "learning_rate": 0.01,
-        "lr_decay_fractions": ["0.5", "0.75"],
-        "weight_decay": 5e-4,
-        "freeze_backbone_epochs": 1,
-        "backbone_lr_multiplier": 0.1,
-    },
-}
-
-
-def apply_preset():
-    """Gives the flags left at their defaults the values of `--preset`."""
-    if not FLAGS.preset:
-        return
-    for name, value in PRESETS[FLAGS.preset].items():
-        try:
-            FLAGS.set_default(name, value)
-        except flags.Error as error:
-            raise UserInputError(f"--preset={FLAGS.preset}: {error}") from None
-    if FLAGS.freeze_backbone_epochs and not FLAGS.pretrained:
-        raise UserInputError(
-            f"--preset={FLAGS.preset} fine-tunes ImageNet weights: pass "
-            "--pretrained=PATH (e.g. torchvision's resnet18-f37072fd.pth)"
-        )
-
-
-def finetune_model_options():
-    """Model options from --stem/--dropout_rate, checked against --model."""
-    options = {}
-    if FLAGS.stem:
-        if FLAGS.model not in ("resnet18", "resnet34", "resnet50"):
-            raise UserInputError(
-                f"--stem is for resnet18/34/50, not {FLAGS.model}"
-            )
-        options["stem"] = FLAGS.stem
-    if FLAGS.dropout_rate is not None:
-        if FLAGS.model != "course_resnet":
-            raise UserInputError(
-                f"--dropout_rate is for course_resnet, not {FLAGS.model}"
-            )
-        options["dropout_rate"] = FLAGS.dropout_rate
-    return options
-
-
 def define_distribution_flags():
     """How replicas, processes and machines share the work."""
     flags.DEFINE_enum(
         "distribution",
         "auto",
-        list(DISTRIBUTIONS),
-        "How replicas combine: auto "
-        "(mirrored when several devices, else default).",
+        list(config_lib.DISTRIBUTIONS),
+        "How replicas combine. auto: horovod when started by horovodrun/"
+        "mpirun with several ranks, parameter_server for the coordinator "
+        "of a TF_CONFIG cluster with ps tasks, else mirrored when several "
+        "devices, else default.",
     )
     flags.DEFINE_integer(
         "num_gpus", 0, "GPUs of this machine to use (MirroredStrategy when >1)."
@@ -421,80 +290,12 @@ def define_all():
     define_performance_flags()
 
 
-def check_flags():
-    """Rejects contradictory flags with one clear message."""
-    if FLAGS.eval_once and FLAGS.mode != "eval":
-        raise UserInputError("--eval_once only makes sense with --mode=eval")
-    if FLAGS.data_source == "tfds":
-        if FLAGS.train_data_path or FLAGS.eval_data_path:
-            raise UserInputError(
-                "--data_source=tfds reads --tfds_data_dir; drop "
-                "--train_data_path/--eval_data_path"
-            )
-    elif FLAGS.mode == "train" and not FLAGS.train_data_path:
-        raise UserInputError("--mode=train needs --train_data_path")
-    elif not FLAGS.eval_data_path:
-        raise UserInputError(
-            "--eval_data_path is required (evaluation runs in both modes)"
-        )
-    if FLAGS.batch_size <= 0:
-        raise UserInputError(
-            f"--batch_size must be positive, got {FLAGS.batch_size}"
-        )
-    if FLAGS.sync_bn and FLAGS.distribution in ("horovod", "averaging"):
-        # Keras' synchronized BN all-reduces over tf.distribute replicas only;
-        # under Horovod it would silently normalise each rank on its own.
-        raise UserInputError(
-            f"--sync_bn is not supported with --distribution="
-            f"{FLAGS.distribution}: it synchronises tf.distribute replicas "
-            "only (BN moving statistics are still averaged over ranks)"
-        )
-
-
 def config_from_flags():
-    """A `TrainConfig` from the parsed flags."""
-    apply_preset()
-    check_flags()
-    model_options = finetune_model_options()
-    if FLAGS.shortcut:
-        model_options["shortcut"] = FLAGS.shortcut
-    if FLAGS.sync_bn:
-        model_options["sync_bn"] = True
-    return TrainConfig(
-        dataset=FLAGS.dataset,
-        train_data_path=(
-            FLAGS.train_data_path or FLAGS.eval_data_path or FLAGS.tfds_data_dir
-        ),
-        eval_data_path=FLAGS.eval_data_path or FLAGS.tfds_data_dir,
-        data_source=FLAGS.data_source,
-        log_root=FLAGS.log_root,
-        train_dir=FLAGS.train_dir,
-        eval_dir=FLAGS.eval_dir,
-        model=FLAGS.model,
-        model_options=model_options,
-        image_size=FLAGS.image_size,
-        batch_size=FLAGS.batch_size,
-        eval_batch_size=FLAGS.eval_batch_size,
-        train_steps=FLAGS.train_steps,
-        train_epochs=FLAGS.train_epochs,
-        base_learning_rate=FLAGS.learning_rate,
-        lr_decay_fractions=tuple(float(f) for f in FLAGS.lr_decay_fractions),
-        lr_decay_rate=FLAGS.lr_decay_rate,
-        warmup_epochs=FLAGS.warmup_epochs,
-        momentum=FLAGS.momentum,
-        weight_decay=FLAGS.weight_decay,
-        seed=FLAGS.seed,
-        log_every_steps=FLAGS.log_every_steps,
-        eval_every_steps=FLAGS.eval_every_steps,
-        eval_batch_count=FLAGS.eval_batch_count,
-        eval_once=FLAGS.eval_once,
-        eval_timeout_secs=FLAGS.eval_timeout_secs,
-        checkpoint_every_steps=FLAGS.checkpoint_every_steps,
-        keep_checkpoints=FLAGS.keep_checkpoints,
-        steps_per_run=FLAGS.steps_per_run,
-        shuffle_buffer=FLAGS.shuffle_buffer,
-        pretrained=FLAGS.pretrained,
-        freeze_backbone_epochs=FLAGS.freeze_backbone_epochs,
-        backbone_lr_multiplier=FLAGS.backbone_lr_multiplier,
-        xla=FLAGS.xla,
-    )
+    """The run's `config.Config` from the parsed flags, layered, validated.
+
+    Flags given on the command line win over `--preset` and over the saved
+    configuration of the run in `--log_root` (`config.resolve`).
+    """
+    values = {name: FLAGS[name].value for name in config_lib.FIELD_NAMES}
+    explicit = {name for name in config_lib.FIELD_NAMES if FLAGS[name].present}
+    return config_lib.resolve(values, explicit)

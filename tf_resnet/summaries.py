@@ -17,27 +17,36 @@ import tensorflow as tf
 CSV_FIELDS = ("step", "epoch", "precision", "best_precision", "loss")
 
 
-class Writers:
-    """TensorBoard writers for train and eval; no-ops on non-chief workers."""
+class ScalarWriter:
+    """A TensorBoard writer of scalars; a no-op on non-chief workers."""
 
-    def __init__(self, train_dir, eval_dir, is_chief=True):
+    def __init__(self, logdir, is_chief=True):
         if is_chief:
-            self.train = tf.summary.create_file_writer(train_dir)
-            self.eval = tf.summary.create_file_writer(eval_dir)
+            self.writer = tf.summary.create_file_writer(logdir)
         else:
-            self.train = self.eval = tf.summary.create_noop_writer()
+            self.writer = tf.summary.create_noop_writer()
 
-    @staticmethod
-    def write(writer, step, scalars):
-        with writer.as_default():
+    def write(self, step, scalars):
+        with self.writer.as_default():
             for name, value in scalars.items():
                 tf.summary.scalar(name, value, step=step)
-        writer.flush()
+        self.writer.flush()
 
-    def write_eval(self, step, result, best_precision):
-        """One evaluation, with the tags of the original example."""
-        self.write(
-            self.eval,
+    def close(self):
+        self.writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class EvalWriter(ScalarWriter):
+    """Evaluation events, with the tags of the original example."""
+
+    def write(self, step, result, best_precision):
+        super().write(
             step,
             {
                 "Precision": result["precision"],
@@ -45,10 +54,6 @@ class Writers:
                 "loss": result["loss"],
             },
         )
-
-    def close(self):
-        self.train.close()
-        self.eval.close()
 
 
 def atomic_write(path, write_fn, mode="w"):

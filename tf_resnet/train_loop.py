@@ -15,17 +15,16 @@ import contextlib
 import dataclasses
 import functools
 import math
-import os
 import signal
-import tempfile
 import time
 
 import keras
 import tensorflow as tf
 from absl import logging
 
+from tf_resnet import config as config_lib
 from tf_resnet import data, evaluation, models, schedules, summaries
-from tf_resnet.errors import StorageError, UserInputError
+from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
 from tf_resnet.models import pretrained
 
 
@@ -42,50 +41,6 @@ class TrainingDiverged(RuntimeError):
 
 
 @dataclasses.dataclass
-class TrainConfig:
-    """Everything a training or evaluation run needs (filled from flags)."""
-
-    dataset: str = "cifar10"
-    train_data_path: str = ""
-    eval_data_path: str = ""
-    data_source: str = "binary"
-    log_root: str = "/tmp/resnet_model"
-    train_dir: str = ""
-    eval_dir: str = ""
-    model: str = "resnet20"
-    model_options: dict = dataclasses.field(default_factory=dict)
-    image_size: int | None = None
-    batch_size: int = 128
-    eval_batch_size: int = 0
-    train_steps: int = 0
-    train_epochs: float = 0.0
-    base_learning_rate: float = 0.1
-    lr_decay_fractions: tuple = (0.5, 0.75)
-    lr_decay_rate: float = 0.1
-    warmup_epochs: float = 0.0
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    seed: int = 0
-    log_every_steps: int = 100
-    eval_every_steps: int = 0
-    eval_batch_count: int = 0
-    eval_once: bool = False
-    eval_timeout_secs: float = 3600.0
-    checkpoint_every_steps: int = 0
-    keep_checkpoints: int = 5
-    steps_per_run: int = 0
-    shuffle_buffer: int = 10_000
-    pretrained: str = ""
-    freeze_backbone_epochs: float = 0.0
-    backbone_lr_multiplier: float = 1.0
-    xla: bool = False
-
-    def __post_init__(self):
-        self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
-        self.eval_dir = self.eval_dir or os.path.join(self.log_root, "eval")
-
-
-@dataclasses.dataclass
 class RunPlan:
     """Step counts derived from the data size and the config."""
 
@@ -97,75 +52,69 @@ class RunPlan:
     warmup_steps: int
 
 
-def plan_run(config):
-    """Derives step counts; validates the training files on the way."""
-    num_train = data.num_examples(
-        config.dataset, config.train_data_path, config.data_source
-    )
-    steps_per_epoch = max(1, num_train // config.batch_size)
-    if config.train_steps:
-        total = config.train_steps
-    elif config.train_epochs:
-        total = max(1, math.ceil(config.train_epochs * steps_per_epoch))
+def open_train_split(config):
+    """`(num_examples, DatasetInfo)` of the training split, validated."""
+    data_config = config.data
+    source = data_config.data_source or "binary"
+    path = data_config.split_path(training=True)
+    num_train = data.num_examples(data_config.dataset, path, source)
+    return num_train, data.dataset_info(data_config.dataset, path, source)
+
+
+def plan_run(config, num_train):
+    """Derives step counts from the size of the training split."""
+    run = config.run
+    steps_per_epoch = max(1, num_train // config.optim.batch_size)
+    if run.train_steps:
+        total = run.train_steps
+    elif run.train_epochs:
+        total = max(1, math.ceil(run.train_epochs * steps_per_epoch))
     else:
         total = 64_000  # The paper's CIFAR schedule, at batch 128.
-    eval_every = config.eval_every_steps or steps_per_epoch
+    eval_every = run.eval_every_steps or steps_per_epoch
     return RunPlan(
         num_train_examples=num_train,
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
         eval_every_steps=eval_every,
-        checkpoint_every_steps=config.checkpoint_every_steps or eval_every,
-        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+        checkpoint_every_steps=run.checkpoint_every_steps or eval_every,
+        warmup_steps=round(config.optim.warmup_epochs * steps_per_epoch),
     )
 
 
-def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
-    """Creates model and SGD optimizer (with slots) in the mode's scope."""
-    info = data.dataset_info(
-        config.dataset, config.train_data_path, config.data_source
-    )
-    size = config.image_size or info.image_size
-    update_batch = mode.replica_batch * mode.replicas_per_update
+def build_model(config, mode, info):
+    """The model of the config, in the mode's scope."""
+    size = config.data.image_size or info.image_size
     with mode.scope():
-        model = models.build_model(
-            config.model,
+        return models.build_model(
+            config.model.model,
             info.num_classes,
             (size, size, 3),
-            pretrained=config.pretrained or None,
-            **config.model_options,
+            pretrained=config.model.pretrained or None,
+            **config.model.options,
         )
+
+
+def build_optimizer(config, mode, model, total_steps, warmup_steps=0):
+    """SGD with the run's schedule and its slots, in the mode's scope."""
+    optim = config.optim
+    update_batch = mode.replica_batch * mode.replicas_per_update
+    with mode.scope():
         schedule = schedules.make_schedule(
-            config.base_learning_rate,
+            optim.learning_rate,
             update_batch,
             total_steps,
-            config.lr_decay_fractions,
-            config.lr_decay_rate,
+            optim.lr_decay_fractions,
+            optim.lr_decay_rate,
             warmup_steps,
         )
-        optimizer = keras.optimizers.SGD(schedule, momentum=config.momentum)
+        optimizer = keras.optimizers.SGD(schedule, momentum=optim.momentum)
         if keras.config.dtype_policy().name == "mixed_float16":
             # float16 gradients underflow without loss scaling (GPU path).
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-        _count_steps_atomically(optimizer)
-    return model, optimizer
-
-
-def _count_steps_atomically(optimizer):
-    """Makes the optimizer's step counter one `assign_add` op.
-
-    Keras 3 increments `iterations` as `assign(iterations + 1)`, a read and
-    then a write. Under asynchronous parameter-server training two workers
-    read the same value and a step is lost (measured: 33 of 40 steps counted
-    with 2 workers), which slows the learning-rate schedule and makes a
-    resumed run restart from an earlier step than its checkpoint's. The
-    `tf.Variable`'s own `assign_add` runs as one op on the parameter server;
-    Keras' TF optimizer already updates the weights that way.
-    """
-    inner = getattr(optimizer, "inner_optimizer", optimizer)
-    counter = inner.iterations
-    counter.assign_add = functools.partial(inner.assign_add, counter)
+        mode.prepare_optimizer(optimizer)
+    return optimizer
 
 
 def decayed_variables(model):
@@ -181,7 +130,7 @@ def make_replica_fn(model, optimizer, mode, config):
     mode (Horovod ops have no XLA kernels) and to the optimizer.
     """
     update_examples = float(mode.replica_batch * mode.replicas_per_update)
-    decay_scale = config.weight_decay / 2.0 / mode.replicas_per_update
+    decay_scale = config.optim.weight_decay / 2.0 / mode.replicas_per_update
     decayed = {id(k) for k in decayed_variables(model)}
 
     def forward_backward(images, labels):
@@ -209,14 +158,14 @@ def make_replica_fn(model, optimizer, mode, config):
         ]
         return grads, losses, logits
 
-    if config.xla:
+    if config.runtime.xla:
         forward_backward = tf.function(forward_backward, jit_compile=True)
 
     def replica_fn(images, labels):
         grads, losses, logits = forward_backward(images, labels)
         variables = model.trainable_variables
         grads = pretrained.scale_backbone_gradients(
-            grads, variables, config.backbone_lr_multiplier
+            grads, variables, config.optim.backbone_lr_multiplier
         )
         grads = mode.all_reduce_gradients(grads)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
@@ -260,23 +209,32 @@ class _StopSignal:
 
 
 class _Progress:
-    """Accumulates step metrics between log lines and prints progress."""
+    """Accumulates step metrics between log lines; logs and summarises them.
 
-    def __init__(self, mode, plan, global_batch, start_step):
+    Also the loop's guard against divergence: a non-finite loss stops the
+    run, naming the step and the last good checkpoint.
+    """
+
+    def __init__(self, mode, plan, writer, checkpoints, start_step, rate_fn):
         self.mode = mode
         self.plan = plan
-        self.global_batch = global_batch
+        self.writer = writer
+        self.checkpoints = checkpoints
+        self.rate_fn = rate_fn
         self.pending = []
-        self.start_step = start_step
         self.interval_start = (start_step, time.time())
 
     def add(self, step_metrics):
         self.pending.append(step_metrics)
 
-    def flush(self, step, learning_rate_fn):
-        """Fetches pending metrics; returns a dict for the summaries."""
+    def log(self, step):
+        """Fetches pending metrics, logs a progress line, writes summaries.
+
+        The rate is read after the fetch, which waits for pending
+        (asynchronous) steps, so it belongs to the step it is logged at.
+        """
         if not self.pending:
-            return None
+            return
         totals = {"loss_sum": 0.0, "correct": 0.0, "examples": 0.0}
         for metrics in self.pending:
             for key, value in self.mode.fetch(metrics).items():
@@ -285,18 +243,18 @@ class _Progress:
         first_step, first_time = self.interval_start
         now = time.time()
         self.interval_start = (step, now)
-        steps_done = step - first_step
+        global_batch = self.mode.global_batch
         images_per_sec = (
-            steps_done * self.global_batch / max(now - first_time, 1e-9)
+            (step - first_step) * global_batch / max(now - first_time, 1e-9)
         )
         examples = max(totals["examples"], 1.0)
         result = {
             "loss": totals["loss_sum"] / examples,
             "accuracy": totals["correct"] / examples,
-            "learning_rate": learning_rate_fn(),
+            "learning_rate": self.rate_fn(),
             "images_per_sec": images_per_sec,
         }
-        remaining = (self.plan.total_steps - step) * self.global_batch
+        remaining = (self.plan.total_steps - step) * global_batch
         logging.info(
             "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, "
             "lr %.4g, "
@@ -311,7 +269,12 @@ class _Progress:
             images_per_sec,
             _format_eta(remaining / max(images_per_sec, 1e-9)),
         )
-        return result
+        if not math.isfinite(result["loss"]):
+            raise TrainingDiverged(
+                f"loss is {result['loss']} at step {step}; last good "
+                f"checkpoint: {self.checkpoints.latest or 'none'}"
+            )
+        self.writer.write(step, result)
 
 
 def _format_eta(seconds):
@@ -319,65 +282,67 @@ def _format_eta(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def first_line(error):
-    """The first line of an error's message: TensorFlow's run on for pages."""
-    return (
-        str(error).strip().splitlines()[0][:300] if str(error) else repr(error)
-    )
+class _TrainSteps:
+    """The compiled training step, re-made when the backbone is unfrozen.
 
-
-def check_writable(directory):
-    """Fails early, before hours of training, if outputs cannot be written."""
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=directory):
-            pass
-    except OSError as error:
-        raise StorageError(
-            f"{directory}: cannot write here ({error.strerror or error})"
-        ) from error
-
-
-def restore_checkpoint(checkpoint, manager, log_root):
-    """Restores the latest checkpoint, if any; returns its path or None.
-
-    Raises:
-      UserInputError: the checkpoint does not fit the model (another
-        architecture or class count), naming the checkpoint.
+    A traced step keeps the variable list and BatchNorm mode it was traced
+    with, so (un)freezing the backbone needs a new one.
     """
-    path = manager.latest_checkpoint
-    if path is None:
-        return None
-    try:
-        checkpoint.restore(path).assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as error:
-        raise UserInputError(
-            f"{path}: checkpoint in --log_root={log_root} does not match this "
-            f"model/optimizer ({first_line(error)}); use a fresh "
-            "--log_root or the flags the checkpoint was trained with"
-        ) from error
-    return path
+
+    def __init__(self, config, mode, model, optimizer, plan):
+        self.make_replica_fn = functools.partial(
+            make_replica_fn, model, optimizer, mode, config
+        )
+        self.mode = mode
+        self.model = model
+        self.freeze_steps = round(
+            config.optim.freeze_backbone_epochs * plan.steps_per_epoch
+        )
+        self.frozen = None
+        self.step_fn = None
+
+    def __call__(self, step, iterator):
+        frozen = step < self.freeze_steps
+        if self.step_fn is None or frozen != self.frozen:
+            if self.frozen:
+                logging.info("step %d: unfreezing the backbone", step)
+            if self.freeze_steps:
+                pretrained.set_backbone_trainable(self.model, not frozen)
+            self.frozen = frozen
+            self.step_fn = self.mode.make_train_step(self.make_replica_fn())
+        return self.step_fn(iterator)
 
 
 def train(config, mode):
-    """Trains (resuming from `config.log_root` if it has a checkpoint).
+    """Trains, resuming from `config.run.log_root` if it has a checkpoint.
+
+    The chief holds the run's lock for the whole run and saves the config
+    and step plan, which the eval job, export and a resumed run read.
 
     Returns:
       dict with the final `step` and last evaluation `precision`.
     """
-    plan = plan_run(config)
-    mode.set_global_batch(config.batch_size)
-    if mode.is_chief:
-        check_writable(config.log_root)
-    keras.utils.set_random_seed(config.seed)
-    model, optimizer = build_model_and_optimizer(
-        config, mode, plan.total_steps, plan.warmup_steps
+    num_train, info = open_train_split(config)
+    plan = plan_run(config, num_train)
+    if not mode.is_chief:
+        return _train(config, mode, plan, info)
+    check_writable(config.run.log_root)
+    with run_lock(config.run.log_root):
+        config_lib.save(config, plan, summaries.atomic_write)
+        return _train(config, mode, plan, info)
+
+
+def _train(config, mode, plan, info):
+    run = config.run
+    keras.utils.set_random_seed(run.seed)
+    model = build_model(config, mode, info)
+    optimizer = build_optimizer(
+        config, mode, model, plan.total_steps, plan.warmup_steps
     )
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(
-        checkpoint, config.log_root, max_to_keep=config.keep_checkpoints
+    checkpoints = RunCheckpoints(
+        run.log_root, run.keep_checkpoints, mode, model, optimizer=optimizer
     )
-    restored = restore_checkpoint(checkpoint, manager, config.log_root)
+    restored = checkpoints.restore()
     mode.broadcast_initial_state(model, optimizer)
     step = int(optimizer.iterations.numpy())
     if restored:
@@ -385,150 +350,101 @@ def train(config, mode):
     logging.info(
         "training %s on %s: %d examples, %d steps/epoch, %d steps, global "
         "batch %d over %d replica(s) (%s)",
-        config.model,
-        config.dataset,
+        config.model.model,
+        config.data.dataset,
         plan.num_train_examples,
         plan.steps_per_epoch,
         plan.total_steps,
-        config.batch_size,
+        mode.global_batch,
         mode.num_replicas,
         mode.name,
     )
-
-    def dataset_fn(num_shards, shard_index, batch_size):
-        return data.build_dataset(
-            config.dataset,
-            config.train_data_path,
-            training=True,
-            batch_size=batch_size,
-            source=config.data_source,
-            seed=config.seed,
-            start_step=step,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            shuffle_buffer=config.shuffle_buffer,
-            image_size=config.image_size,
-        )
-
-    iterator = mode.distribute_dataset(dataset_fn)
-    freeze_steps = round(config.freeze_backbone_epochs * plan.steps_per_epoch)
-    frozen = step < freeze_steps
-
-    def make_train_step():
-        # A traced step keeps the variable list and BatchNorm mode it was
-        # traced with, so (un)freezing the backbone needs a new one.
-        if freeze_steps:
-            pretrained.set_backbone_trainable(model, not frozen)
-        return mode.make_train_step(
-            make_replica_fn(model, optimizer, mode, config)
-        )
-
-    train_step = make_train_step()
-    eval_step = evaluation.make_eval_step(model)
-    eval_dataset = evaluation.build_eval_dataset(config, mode)
-    writers = summaries.Writers(
-        config.train_dir, config.eval_dir, mode.is_chief
+    iterator = mode.distribute_dataset(
+        functools.partial(_training_dataset, config, step)
     )
-    history = summaries.EvalHistory(config.log_root, title=config.model)
-    progress = _Progress(mode, plan, config.batch_size, step)
-    last_eval = {}
-
-    def learning_rate():
-        return float(optimizer.learning_rate.numpy())
-
-    def log_train_metrics():
-        # The rate is read after the flush, which waits for pending
-        # (asynchronous) steps, so it belongs to the step it is logged at.
-        result = progress.flush(step, learning_rate)
-        if result is None:
-            return
-        if not math.isfinite(result["loss"]):
-            raise TrainingDiverged(
-                f"loss is {result['loss']} at step {step}; last good "
-                f"checkpoint: {manager.latest_checkpoint or 'none'}"
-            )
-        writers.write(writers.train, step, result)
-
-    def save():
-        mode.synchronize(model)
-        if not mode.is_chief:
-            return
-        previous = manager.latest_checkpoint
-        try:
-            manager.save(checkpoint_number=step)
-        except tf.errors.UnavailableError:
-            raise  # A task of the cluster is gone, not the disk.
-        except (OSError, tf.errors.OpError) as error:
-            raise StorageError(
-                f"{config.log_root}: writing the checkpoint of step {step} "
-                f"failed ({first_line(error)}); the latest complete "
-                f"checkpoint is {previous or 'none'}"
-            ) from error
-
-    def run_eval():
-        mode.synchronize(model)
-        result = evaluation.evaluate(
-            eval_step, eval_dataset, mode, config.eval_batch_count
-        )
-        best = result["precision"]
-        if mode.is_chief:
-            best = history.record(
-                step,
-                step / plan.steps_per_epoch,
-                result["precision"],
-                result["loss"],
-            )
-            writers.write_eval(step, result, best)
-        logging.info(
-            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d "
-            "examples",
-            step,
-            result["precision"],
-            best,
-            result["loss"],
-            result["examples"],
-        )
-        last_eval.update(result)
-
+    train_step = _TrainSteps(config, mode, model, optimizer, plan)
+    evaluator = evaluation.Evaluator(config, mode, model)
+    writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
+    progress = _Progress(
+        mode,
+        plan,
+        writer,
+        checkpoints,
+        step,
+        lambda: float(optimizer.learning_rate.numpy()),
+    )
     run_until = plan.total_steps
-    if config.steps_per_run:
-        run_until = min(run_until, step + config.steps_per_run)
-    with _StopSignal() as stop:
+    if run.steps_per_run:
+        run_until = min(run_until, step + run.steps_per_run)
+    last_eval = {}
+    with _StopSignal() as stop, evaluator, writer:
         while step < run_until:
-            if frozen and step >= freeze_steps:
-                logging.info("step %d: unfreezing the backbone", step)
-                frozen = False
-                train_step = make_train_step()
-            progress.add(train_step(iterator))
+            progress.add(train_step(step, iterator))
             step += 1
             mode.after_step(step, model, optimizer)
-            final = step == plan.total_steps
             pause = step == run_until  # End of this run, maybe not of training.
-            if step % config.log_every_steps == 0 or pause:
-                log_train_metrics()
+            if step % run.log_every_steps == 0 or pause:
+                progress.log(step)
             if step % plan.checkpoint_every_steps == 0 or pause:
-                log_train_metrics()
-                save()
+                progress.log(step)
+                checkpoints.save(step)
             # Evaluation follows the schedule only, so a run split into
             # pieces has the same eval history as an uninterrupted one.
-            if step % plan.eval_every_steps == 0 or final:
-                run_eval()
+            if step % plan.eval_every_steps == 0 or step == plan.total_steps:
+                last_eval = evaluator(step, step / plan.steps_per_epoch)
             if stop.received:
-                log_train_metrics()
-                save()
-                writers.close()
+                progress.log(step)
+                checkpoints.save(step)
                 raise TrainingInterrupted(
                     f"{stop.received.name} at step {step}: checkpoint written "
-                    f"to {manager.latest_checkpoint}",
+                    f"to {checkpoints.latest}",
                     int(stop.received),
                 )
-    writers.close()
     return {"step": step, **last_eval}
 
 
+def _training_dataset(config, start_step, num_shards, shard_index, batch_size):
+    """One input pipeline of the training split (`mode.distribute_dataset`)."""
+    data_config = config.data
+    return data.build_dataset(
+        data_config.dataset,
+        data_config.split_path(training=True),
+        training=True,
+        batch_size=batch_size,
+        source=data_config.data_source or "binary",
+        seed=config.run.seed,
+        start_step=start_step,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        shuffle_buffer=data_config.shuffle_buffer,
+        image_size=data_config.image_size,
+    )
+
+
 def evaluate_only(config, mode):
-    """`--mode=eval`: the separate evaluation job of the original example."""
-    plan = plan_run(config)
-    mode.set_global_batch(config.batch_size)
-    model, _ = build_model_and_optimizer(config, mode, plan.total_steps)
-    evaluation.continuous_eval(config, mode, model, plan.steps_per_epoch)
+    """`--mode=eval`: the separate evaluation job of the original example.
+
+    Needs no training data and builds no optimizer: the model's class
+    count comes from the evaluation split and the epoch of a checkpoint
+    from the step plan the training run saved in `log_root`.
+    """
+    info = data.dataset_info(
+        config.data.dataset,
+        config.data.split_path(training=False),
+        config.data.data_source or "binary",
+    )
+    model = build_model(config, mode, info)
+    evaluation.continuous_eval(
+        config, mode, model, functools.partial(_epoch_of_step, config)
+    )
+
+
+def _epoch_of_step(config, step):
+    """The epoch of `step` by the training run's saved plan (or its data)."""
+    plan = config_lib.read_plan(config.run.log_root)
+    if plan is None:
+        if not config.data.train_data_path:
+            return float("nan")
+        num_train, _ = open_train_split(config)
+        plan = dataclasses.asdict(plan_run(config, num_train))
+    return step / plan["steps_per_epoch"]

@@ -6,106 +6,59 @@ the `DistributionMode` interface in `base.py`.
 
 import tensorflow as tf
 
+from tf_resnet.config import (
+    DISTRIBUTIONS,
+    HOROVOD_DISTRIBUTIONS,
+    DistributionConfig,
+)
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import UserInputError
 
-DISTRIBUTIONS = (
-    "auto",
-    "default",
-    "mirrored",
-    "horovod",
-    "averaging",
-    "parameter_server",
-)
-# One process per replica, launched by horovodrun/mpirun; Horovod is imported
-# only when one of these is asked for, so other modes work without it.
-HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
 
-
-def configure_devices(num_gpus, cpu_replicas=1):
-    """Checks GPUs and splits the CPU into logical devices if asked.
-
-    Must run before TensorFlow initialises its devices.
-
-    Args:
-      num_gpus: GPUs to use; more than are visible is an error.
-      cpu_replicas: logical CPU devices to create (for testing Mirrored
-        training on a CPU-only machine).
-
-    Returns:
-      The device names to replicate over, or `None` for the default device.
-    """
-    gpus = tf.config.list_physical_devices("GPU")
-    if num_gpus > len(gpus):
-        raise UserInputError(
-            f"--num_gpus={num_gpus} but {len(gpus)} GPU(s) are visible "
-            "to TensorFlow"
-        )
-    if num_gpus:
-        for gpu in gpus[:num_gpus]:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpus[:num_gpus], "GPU")
-        return [f"/gpu:{index}" for index in range(num_gpus)]
-    if cpu_replicas > 1:
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_replicas
-        )
-        return [f"/cpu:{index}" for index in range(cpu_replicas)]
-    tf.config.set_visible_devices([], "GPU")
-    return None
-
-
-def make_mode(
-    distribution="auto",
-    num_gpus=0,
-    cpu_replicas=1,
-    average_every=1,
-    cluster=None,
-):
+def make_mode(distribution, global_batch, config=None, devices=None):
     """Creates the distribution mode named by `--distribution`.
 
     Args:
       distribution: `auto` (mirrored over several devices, else default),
         `default`, `mirrored`, `horovod` (synchronous all-reduce over
         processes), `averaging` (local steps, weights averaged over
-        processes every `average_every` steps) or `parameter_server`.
-      num_gpus: GPUs on this machine to use.
-      cpu_replicas: logical CPU devices (used when `num_gpus == 0`).
-      average_every: steps between weight averages of `averaging`.
-      cluster: for `parameter_server`, the keyword arguments of
-        `parameter_server.cluster_resolver` (`ps_hosts`, `worker_hosts`,
-        `job_name`, `task_index`); empty or None: `TF_CONFIG`.
+        processes every `average_every` steps) or `parameter_server`;
+        `runtime.start` resolves `auto` where the launcher tells.
+      global_batch: examples of one step over all replicas of all workers.
+      config: the `config.DistributionConfig` (GPUs, CPU replicas,
+        `average_every`, the parameter-server cluster); None: defaults.
+      devices: from `runtime.configure_devices` (None: default device).
 
     Returns:
       A `base.DistributionMode`.
     """
+    config = config or DistributionConfig()
     if distribution not in DISTRIBUTIONS:
         raise UserInputError(
             f"unknown --distribution={distribution}; known: "
             f"{', '.join(DISTRIBUTIONS)}"
         )
     if distribution in HOROVOD_DISTRIBUTIONS:
-        return _horovod_mode(
-            distribution, num_gpus, cpu_replicas, average_every
-        )
+        return _horovod_mode(distribution, global_batch, config)
     if distribution == "parameter_server":
-        return _parameter_server_mode(cluster or {})
-    devices = configure_devices(num_gpus, cpu_replicas)
+        from tf_resnet.distribute import parameter_server
+
+        resolver = parameter_server.cluster_resolver(**config.cluster)
+        return parameter_server.ParameterServerMode(resolver, global_batch)
     if distribution == "mirrored" or (
         distribution == "auto" and devices and len(devices) > 1
     ):
-        return tf_strategy.mirrored_mode(devices)
+        return tf_strategy.mirrored_mode(global_batch, devices)
     if devices:
         return tf_strategy.StrategyMode(
-            tf.distribute.OneDeviceStrategy(devices[0]), "default"
+            tf.distribute.OneDeviceStrategy(devices[0]), "default", global_batch
         )
-    return tf_strategy.default_mode()
+    return tf_strategy.default_mode(global_batch)
 
 
-def _horovod_mode(distribution, num_gpus, cpu_replicas, average_every):
+def _horovod_mode(distribution, global_batch, config):
     """A Horovod mode: one device per process, chosen by the local rank."""
-    if num_gpus > 1 or cpu_replicas > 1:
+    if config.num_gpus > 1 or config.cpu_replicas > 1:
         raise UserInputError(
             f"--distribution={distribution} runs one device per process: "
             "drop --num_gpus/--cpu_replicas and launch one rank per device "
@@ -114,13 +67,5 @@ def _horovod_mode(distribution, num_gpus, cpu_replicas, average_every):
     from tf_resnet.distribute import averaging, horovod_mode
 
     if distribution == "horovod":
-        return horovod_mode.HorovodMode()
-    return averaging.AveragingMode(average_every)
-
-
-def _parameter_server_mode(cluster):
-    """The coordinator of a ps/worker cluster (flags, else TF_CONFIG)."""
-    from tf_resnet.distribute import parameter_server
-
-    resolver = parameter_server.cluster_resolver(**cluster)
-    return parameter_server.ParameterServerMode(resolver)
+        return horovod_mode.HorovodMode(global_batch)
+    return averaging.AveragingMode(global_batch, config.average_every)

@@ -33,12 +33,12 @@ class AveragingMode(horovod_mode.HorovodMode):
 
     name = "averaging"
 
-    def __init__(self, average_every=1):
+    def __init__(self, global_batch, average_every=1):
         if average_every < 1:
             raise UserInputError(
                 f"--average_every must be at least 1, got {average_every}"
             )
-        super().__init__()
+        super().__init__(global_batch)
         self.average_every = average_every
         self.replicas_per_update = 1
 

@@ -42,6 +42,16 @@ class DistributionMode:
     replicas_per_update = 1
     is_chief = True
 
+    def __init__(self, global_batch):
+        """Splits the global batch; subclasses set `num_replicas` first."""
+        if global_batch % self.num_replicas:
+            raise UserInputError(
+                f"--batch_size={global_batch} is not divisible by the "
+                f"{self.num_replicas} replicas of --distribution={self.name}"
+            )
+        self.global_batch = global_batch
+        self._replica_batch = global_batch // self.num_replicas
+
     def scope(self):
         """Context in which the model, optimizer and metrics are created."""
         return contextlib.nullcontext()
@@ -59,18 +69,12 @@ class DistributionMode:
         """`(num_shards, shard_index)` of this process's evaluation data."""
         return 1, 0
 
-    def set_global_batch(self, global_batch):
-        """Checks and records the global batch size."""
-        if global_batch % self.num_replicas:
-            raise UserInputError(
-                f"--batch_size={global_batch} is not divisible by the "
-                f"{self.num_replicas} replicas of --distribution={self.name}"
-            )
-        self._replica_batch = global_batch // self.num_replicas
-
     @property
     def replica_batch(self):
         return self._replica_batch
+
+    def prepare_optimizer(self, optimizer):
+        """Adapts a freshly built optimizer to the mode (in its scope)."""
 
     def make_train_step(self, replica_fn):
         """Compiles a training step: next batch, `replica_fn` on each replica.

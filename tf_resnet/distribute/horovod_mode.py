@@ -18,6 +18,8 @@ methods (`.ref()`) that Keras 3 variables lack (horovod issue 4290).
 it is the only place that knows about this.
 """
 
+import os
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
@@ -46,6 +48,18 @@ def average_in_place(variables):
         variable.assign(mean)
 
 
+def set_cycle_time():
+    """A 5 ms Horovod cycle on CPU-only machines (before `hvd.init`).
+
+    Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
+    1 ms default it takes CPU from ranks that share the cores (measured in
+    bench/README.md, "Horovod cycle time"). An explicit `horovodrun
+    --cycle-time-ms` (the same variable) still wins.
+    """
+    if not tf.config.list_physical_devices("GPU"):
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+
+
 def _pin_device():
     """One GPU per rank (by local rank) when there are GPUs, else the CPU."""
     gpus = tf.config.list_physical_devices("GPU")
@@ -66,12 +80,14 @@ class HorovodMode(base.DistributionMode):
 
     name = "horovod"
 
-    def __init__(self):
+    def __init__(self, global_batch):
+        set_cycle_time()
         hvd.init()
         _pin_device()
         self.num_replicas = hvd.size()
         self.replicas_per_update = hvd.size()
         self.is_chief = hvd.rank() == 0
+        super().__init__(global_batch)
 
     def distribute_dataset(self, dataset_fn):
         """Each rank reads its own shard: no example is seen twice a step."""

@@ -22,17 +22,16 @@ on one machine.
 """
 
 import functools
-import json
 import os
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_resnet.config import SERVER_JOBS, read_tf_config
 from tf_resnet.distribute import base
 from tf_resnet.errors import UserInputError
 
-SERVER_JOBS = ("ps", "worker")
 # Inside a function run on a worker: that worker's index (int64 tensor).
 current_worker_index = (
     tf.distribute.coordinator.experimental_get_current_worker_index
@@ -75,8 +74,8 @@ def cluster_resolver(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
             task_id=task_index,
             rpc_layer="grpc",
         )
-    config = _tf_config()
-    if config is None:
+    config = read_tf_config()
+    if not config:
         raise UserInputError(
             "--distribution=parameter_server needs a cluster: --ps_hosts and "
             "--worker_hosts, or a TF_CONFIG environment variable (see "
@@ -96,20 +95,6 @@ def cluster_resolver(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
     return tf.distribute.cluster_resolver.TFConfigClusterResolver(
         rpc_layer="grpc"
     )
-
-
-def _tf_config():
-    """`TF_CONFIG` as a dict, `None` when unset."""
-    text = os.environ.get("TF_CONFIG", "").strip()
-    if not text:
-        return None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserInputError(f"TF_CONFIG is not valid JSON: {error}") from None
-    if not isinstance(config, dict):
-        raise UserInputError(f"TF_CONFIG must be a JSON object, got {text!r}")
-    return config
 
 
 def _check_task(cluster, job_name, task_index, source):
@@ -139,8 +124,8 @@ def server_task(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
                 f"--job_name={job_name} needs --ps_hosts and --worker_hosts"
             )
         return cluster_resolver(ps_hosts, worker_hosts, job_name, task_index)
-    config = _tf_config()
-    if not config or "ps" not in config.get("cluster", {}):
+    config = read_tf_config()
+    if "ps" not in config.get("cluster", {}):
         return None
     if config.get("task", {}).get("type") not in SERVER_JOBS:
         return None
@@ -181,7 +166,7 @@ class ParameterServerMode(base.DistributionMode):
     name = "parameter_server"
     is_chief = True
 
-    def __init__(self, resolver):
+    def __init__(self, resolver, global_batch):
         self.strategy = tf.distribute.ParameterServerStrategy(resolver)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(
             self.strategy
@@ -191,6 +176,7 @@ class ParameterServerMode(base.DistributionMode):
         self.num_replicas = self.strategy.num_replicas_in_sync
         self.replicas_per_update = self.strategy.num_replicas_in_sync
         self._worker_steps = None
+        super().__init__(global_batch)
 
     def scope(self):
         return self.strategy.scope()
@@ -225,6 +211,21 @@ class ParameterServerMode(base.DistributionMode):
             per_worker_dataset_fn
         )
         return iter(dataset)
+
+    def prepare_optimizer(self, optimizer):
+        """Makes the optimizer's step counter one `assign_add` op.
+
+        Keras 3 increments `iterations` as `assign(iterations + 1)`, a read
+        and then a write. Under asynchronous training two workers read the
+        same value and a step is lost, which slows the learning-rate
+        schedule and makes a resumed run restart from an earlier step than
+        its checkpoint's (docs/parameter_server.md). The `tf.Variable`'s own
+        `assign_add` runs as one op on the parameter server; Keras' TF
+        optimizer already updates the weights that way.
+        """
+        inner = getattr(optimizer, "inner_optimizer", optimizer)
+        counter = inner.iterations
+        counter.assign_add = functools.partial(inner.assign_add, counter)
 
     def make_train_step(self, replica_fn):
         """Scheduling a step returns at once with a `RemoteValue`."""

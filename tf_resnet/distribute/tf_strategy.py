@@ -14,11 +14,12 @@ from tf_resnet.distribute import base
 class StrategyMode(base.DistributionMode):
     """Wraps any single-process `tf.distribute.Strategy`."""
 
-    def __init__(self, strategy, name):
+    def __init__(self, strategy, name, global_batch):
         self.strategy = strategy
         self.name = name
         self.num_replicas = strategy.num_replicas_in_sync
         self.replicas_per_update = strategy.num_replicas_in_sync
+        super().__init__(global_batch)
 
     def scope(self):
         return self.strategy.scope()
@@ -43,11 +44,13 @@ class StrategyMode(base.DistributionMode):
         )
 
 
-def default_mode():
+def default_mode(global_batch):
     """One device: the default strategy (a no-op wrapper)."""
-    return StrategyMode(tf.distribute.get_strategy(), "default")
+    return StrategyMode(tf.distribute.get_strategy(), "default", global_batch)
 
 
-def mirrored_mode(devices=None):
+def mirrored_mode(global_batch, devices=None):
     """Synchronous all-reduce over the devices of this machine."""
-    return StrategyMode(tf.distribute.MirroredStrategy(devices), "mirrored")
+    return StrategyMode(
+        tf.distribute.MirroredStrategy(devices), "mirrored", global_batch
+    )

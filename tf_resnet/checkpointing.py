@@ -1,0 +1,209 @@
+"""Checkpoints of a run and the lock that gives a `--log_root` one owner.
+
+`RunCheckpoints` restores the newest readable checkpoint and saves new
+ones, telling the user's problems apart: a checkpoint of another model
+(their flags), an unreadable one (a partial copy, a bad disk: the next
+older one is used), a disk that cannot be written, and a lost task of a
+parameter-server cluster (not the disk at all).
+
+`RunLock` stops two trainings from writing one interleaved history into
+the same `--log_root`.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from tf_resnet.errors import StorageError, UserInputError
+
+LOCK_FILE = "run.lock"
+
+
+def first_line(error):
+    """The first line of an error's message: TensorFlow's run on for pages."""
+    return (
+        str(error).strip().splitlines()[0][:300] if str(error) else repr(error)
+    )
+
+
+class RunCheckpoints:
+    """Saves and restores the model and optimizer of a run in `log_root`."""
+
+    def __init__(self, log_root, keep, mode, model, **objects):
+        self.log_root = log_root
+        self.mode = mode
+        self.model = model
+        self.checkpoint = tf.train.Checkpoint(model=model, **objects)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, log_root, max_to_keep=keep
+        )
+
+    @property
+    def latest(self):
+        return self.manager.latest_checkpoint
+
+    def restore(self):
+        """Restores the newest readable checkpoint; returns its path or None.
+
+        A checkpoint whose files cannot be read is skipped with a warning
+        and the next older one is tried.
+
+        Raises:
+          UserInputError: the checkpoint does not fit the model (another
+            architecture or class count), or no checkpoint is readable.
+        """
+        candidates = list(reversed(self.manager.checkpoints))
+        for path in candidates:
+            problem = unreadable(path)
+            if problem:
+                logging.warning(
+                    "%s: checkpoint unreadable (%s); trying the one before",
+                    path,
+                    problem,
+                )
+                continue
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+                logging.warning(
+                    "%s: checkpoint unreadable (%s); trying the one before",
+                    path,
+                    first_line(e),
+                )
+                continue
+            except (AssertionError, ValueError, tf.errors.OpError) as error:
+                raise UserInputError(
+                    f"{path}: checkpoint in --log_root={self.log_root} does "
+                    f"not match this model/optimizer ({first_line(error)}); "
+                    "use a fresh --log_root or the flags the checkpoint was "
+                    "trained with"
+                ) from error
+            return path
+        if candidates:
+            raise UserInputError(
+                f"--log_root={self.log_root}: none of the checkpoints "
+                f"{', '.join(os.path.basename(p) for p in candidates)} is "
+                "readable; restore them from a copy or use a fresh --log_root"
+            )
+        return None
+
+    def save(self, step):
+        """Writes the checkpoint of `step` (the chief only).
+
+        Raises:
+          StorageError: the disk refused it; names the latest complete one.
+          tf.errors.UnavailableError: a task of the cluster is gone.
+        """
+        self.mode.synchronize(self.model)
+        if not self.mode.is_chief:
+            return
+        previous = self.manager.latest_checkpoint
+        try:
+            self.manager.save(checkpoint_number=step)
+        except tf.errors.UnavailableError:
+            raise  # A task of the cluster is gone, not the disk.
+        except (OSError, tf.errors.OpError) as error:
+            raise StorageError(
+                f"{self.log_root}: writing the checkpoint of step {step} "
+                f"failed ({first_line(error)}); the latest complete "
+                f"checkpoint is {previous or 'none'}"
+            ) from error
+
+
+def unreadable(path):
+    """Why the checkpoint at `path` cannot be read, or '' if it can."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        reader.get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError) as error:
+        return first_line(error)
+    return ""
+
+
+def check_writable(directory):
+    """Fails early, before hours of training, if outputs cannot be written."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise StorageError(
+            f"{directory}: cannot write here ({error.strerror or error})"
+        ) from error
+
+
+@contextlib.contextmanager
+def run_lock(log_root):
+    """Holds `log_root/run.lock` while a training run writes `log_root`.
+
+    The lock file names the process (pid, host). A second run refuses to
+    start while that process lives; a lock left by a killed process on this
+    host is taken over with a warning. On another host the process cannot
+    be checked, so its lock is kept until the user removes it.
+
+    Raises:
+      UserInputError: another live run holds the lock.
+    """
+    path = os.path.join(log_root, LOCK_FILE)
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for attempt in range(50):
+        try:
+            handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _read_lock(path)
+            if holder is None and attempt < 10:
+                time.sleep(0.1)  # Being written, or just removed.
+                continue
+            holder = holder or {"host": me["host"], "pid": None}
+            if holder.get("host") != me["host"] or _alive(holder.get("pid")):
+                raise UserInputError(
+                    f"{path}: --log_root is in use by the run of process "
+                    f"{holder.get('pid')} on host {holder.get('host')}; wait "
+                    "for it, stop it, or use another --log_root (remove "
+                    "the lock file only if that process is gone)"
+                ) from None
+            logging.warning(
+                "%s: taking over the lock of process %s, which is gone",
+                path,
+                holder.get("pid"),
+            )
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            continue
+        with os.fdopen(handle, "w") as stream:
+            json.dump(me, stream)
+        break
+    else:
+        raise UserInputError(f"{path}: could not take the lock")
+    try:
+        yield
+    finally:
+        if _read_lock(path) == me:
+            os.unlink(path)
+
+
+def _read_lock(path):
+    try:
+        with open(path, encoding="utf-8") as stream:
+            holder = json.load(stream)
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _alive(pid):
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

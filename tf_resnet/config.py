@@ -1,0 +1,519 @@
+"""The one configuration of a run: filled once, validated once, saved once.
+
+Every flag of `resnet_main.py` is a field of one group below, under the
+flag's own name, so filling the config from the flags is a loop, not a
+hand-copied list. Values are layered, each layer winning over the ones
+before it:
+
+  field defaults < `--preset` < the run's saved `config.json` < flags given
+  on the command line.
+
+The saved layer is what lets a resumed run, the separate `--mode=eval` job
+and export read the run's own settings instead of re-deriving them: only
+the groups that define the model and its training (`CARRIED`) are taken
+from it; where this process runs and what it does now are its own.
+
+This module imports no TensorFlow, so launchers and tools can read a run's
+configuration cheaply.
+"""
+
+import dataclasses
+import json
+import math
+import os
+
+from tf_resnet.errors import UserInputError
+
+CONFIG_FILE = "config.json"
+
+DISTRIBUTIONS = (
+    "auto",
+    "default",
+    "mirrored",
+    "horovod",
+    "averaging",
+    "parameter_server",
+)
+# One process per replica, started by horovodrun/mpirun.
+HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
+SERVER_JOBS = ("ps", "worker")
+DTYPES = ("auto", "float32", "float64", "mixed_bfloat16", "mixed_float16")
+# Variables of the process launchers that make a Horovod rank: horovodrun
+# (Gloo) sets HOROVOD_*, Open MPI OMPI_COMM_WORLD_*, MPICH/Intel MPI PMI_*.
+_RANK_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Which dataset, where its files are and how they are read."""
+
+    dataset: str = "cifar10"
+    data_source: str | None = None  # None: inferred from dataset and files.
+    train_data_path: str = ""
+    eval_data_path: str = ""
+    tfds_data_dir: str = ""
+    image_size: int | None = None
+    shuffle_buffer: int = 10_000
+
+    def split_path(self, training):
+        """The path a split is read from (TFDS reads one data dir)."""
+        if self.data_source == "tfds":
+            return self.tfds_data_dir
+        return self.train_data_path if training else self.eval_data_path
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The architecture and where its weights start."""
+
+    model: str = "resnet20"
+    shortcut: str | None = None
+    sync_bn: bool = False
+    stem: str | None = None
+    dropout_rate: float | None = None
+    pretrained: str = ""
+
+    @property
+    def options(self):
+        """Keyword options of `models.build_model` that were set."""
+        options = {"shortcut": self.shortcut, "stem": self.stem}
+        options["dropout_rate"] = self.dropout_rate
+        options = {k: v for k, v in options.items() if v is not None}
+        if self.sync_bn:
+            options["sync_bn"] = True
+        return options
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """Batch, learning-rate schedule and optimizer (the paper's by default)."""
+
+    batch_size: int = 128
+    eval_batch_size: int = 0
+    learning_rate: float = 0.1
+    lr_decay_fractions: tuple = (0.5, 0.75)
+    lr_decay_rate: float = 0.1
+    warmup_epochs: float = 0.0
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    freeze_backbone_epochs: float = 0.0
+    backbone_lr_multiplier: float = 1.0
+
+    def __post_init__(self):
+        # Flags hand over lists of strings.
+        self.lr_decay_fractions = tuple(
+            float(f) for f in self.lr_decay_fractions
+        )
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """What this invocation does, how long the run is, what it writes when."""
+
+    mode: str = "train"
+    log_root: str = "/tmp/resnet_model"
+    train_dir: str = ""
+    eval_dir: str = ""
+    train_steps: int = 0
+    train_epochs: float = 0.0
+    seed: int = 0
+    log_every_steps: int = 100
+    eval_every_steps: int = 0
+    eval_batch_count: int = 0
+    eval_once: bool = False
+    eval_timeout_secs: float = 3600.0
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 5
+    steps_per_run: int = 0
+
+    def __post_init__(self):
+        self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
+        self.eval_dir = self.eval_dir or os.path.join(self.log_root, "eval")
+
+
+@dataclasses.dataclass
+class DistributionConfig:
+    """How replicas, processes and machines share the work."""
+
+    distribution: str = "auto"
+    num_gpus: int = 0
+    cpu_replicas: int = 1
+    average_every: int = 1
+    ps_hosts: tuple = ()
+    worker_hosts: tuple = ()
+    job_name: str | None = None
+    task_index: int = 0
+
+    def __post_init__(self):
+        self.ps_hosts = tuple(self.ps_hosts)
+        self.worker_hosts = tuple(self.worker_hosts)
+
+    @property
+    def cluster(self):
+        """Keyword arguments of `parameter_server.cluster_resolver`."""
+        return {
+            "ps_hosts": self.ps_hosts,
+            "worker_hosts": self.worker_hosts,
+            "job_name": self.job_name or "",
+            "task_index": self.task_index,
+        }
+
+    @property
+    def is_server_task(self):
+        """A ps or worker task of a parameter-server cluster: it only serves.
+
+        Named by `--job_name`, or by a `TF_CONFIG` whose cluster has a `ps`
+        job (so one written for multi-worker all-reduce is not taken for it).
+        """
+        if self.job_name:
+            return self.job_name in SERVER_JOBS
+        tf_config = read_tf_config()
+        return (
+            "ps" in tf_config.get("cluster", {})
+            and tf_config.get("task", {}).get("type") in SERVER_JOBS
+        )
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    """Settings fixed when TensorFlow starts (see `tf_resnet.runtime`)."""
+
+    dtype: str = "auto"
+    xla: bool = False
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    deterministic: bool = False
+
+
+@dataclasses.dataclass
+class Config:
+    """Everything a run needs, in groups."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    distribution: DistributionConfig = dataclasses.field(
+        default_factory=DistributionConfig
+    )
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+    preset: str | None = None
+
+    def to_json(self):
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+GROUPS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "optim": OptimConfig,
+    "run": RunConfig,
+    "distribution": DistributionConfig,
+    "runtime": RuntimeConfig,
+}
+# Field name -> its group; flag names are field names.
+FIELD_GROUP = {
+    field.name: group
+    for group, cls in GROUPS.items()
+    for field in dataclasses.fields(cls)
+}
+FIELD_NAMES = (*FIELD_GROUP, "preset")
+# What a resumed run, the eval job and export take from the saved config:
+# what defines the model and its training, not where or how this process
+# runs (distribution, runtime) nor what it is asked to do now.
+CARRIED = frozenset(
+    [
+        *(f.name for f in dataclasses.fields(DataConfig)),
+        *(f.name for f in dataclasses.fields(ModelConfig)),
+        *(f.name for f in dataclasses.fields(OptimConfig)),
+        "train_steps",
+        "train_epochs",
+        "seed",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "preset",
+    ]
+) - {"eval_data_path", "eval_batch_size"}
+
+# Starting points for the course's assignments; docs/recipes.md says why.
+PRESETS = {
+    "course_cifar100": {
+        "dataset": "cifar100",
+        "model": "course_resnet",
+        "train_epochs": 60,
+        "batch_size": 128,
+        "learning_rate": 0.1,
+        "warmup_epochs": 2,
+        "lr_decay_fractions": (0.5, 0.75),
+        "weight_decay": 5e-4,
+    },
+    "course_tinyimagenet": {
+        "dataset": "tinyimagenet",
+        "data_source": "folder",
+        "model": "course_resnet",
+        "train_epochs": 40,
+        "batch_size": 128,
+        "learning_rate": 0.1,
+        "warmup_epochs": 2,
+        "lr_decay_fractions": (0.5, 0.75),
+        "weight_decay": 5e-4,
+    },
+    "resnet18_cifar100": {
+        "dataset": "cifar100",
+        "model": "resnet18",
+        "stem": "imagenet",
+        "image_size": 224,
+        "train_epochs": 10,
+        "batch_size": 128,
+        "learning_rate": 0.01,
+        "lr_decay_fractions": (0.5, 0.75),
+        "weight_decay": 5e-4,
+        "freeze_backbone_epochs": 1,
+        "backbone_lr_multiplier": 0.1,
+    },
+}
+
+
+def make_config(**values):
+    """A `Config` from flat field names (the flags' names).
+
+    Raises:
+      TypeError: a name that is no field.
+    """
+    groups = {group: {} for group in GROUPS}
+    preset = values.pop("preset", None)
+    for name, value in values.items():
+        if name not in FIELD_GROUP:
+            raise TypeError(f"unknown config field {name!r}")
+        groups[FIELD_GROUP[name]][name] = value
+    return Config(
+        **{group: GROUPS[group](**groups[group]) for group in GROUPS},
+        preset=preset,
+    )
+
+
+def flatten(config):
+    """`{field name: value}` of a `Config` (the inverse of `make_config`)."""
+    flat = {"preset": config.preset}
+    for group in GROUPS:
+        flat.update(dataclasses.asdict(getattr(config, group)))
+    return flat
+
+
+def resolve(values, explicit):
+    """Layers presets, the saved config and explicit flags; validates.
+
+    Args:
+      values: `{field name: value}` of every field, as the flags hold them
+        (defaults where not given).
+      explicit: names given on the command line; they win over every layer.
+
+    Returns:
+      A validated `Config`.
+
+    Raises:
+      UserInputError: an unknown preset, an unreadable saved config, or
+        contradictory or out-of-range values, as one message.
+    """
+    values = dict(values)
+    layers = []
+    preset = values.get("preset")
+    if preset:
+        if preset not in PRESETS:
+            raise UserInputError(
+                f"unknown --preset={preset}; known: {', '.join(PRESETS)}"
+            )
+        layers.append(PRESETS[preset])
+    saved = load_saved(values.get("log_root") or RunConfig.log_root)
+    if saved is not None:
+        layers.append({k: v for k, v in saved.items() if k in CARRIED})
+    for layer in layers:
+        for name, value in layer.items():
+            if name not in explicit:
+                values[name] = value
+    config = make_config(**values)
+    validate(config)
+    return config
+
+
+def load_saved(log_root):
+    """The flat fields of `log_root/config.json`, `None` if there is none."""
+    path = os.path.join(log_root, CONFIG_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as stream:
+            saved = json.load(stream)["config"]
+        return flatten(
+            Config(
+                **{group: GROUPS[group](**saved[group]) for group in GROUPS},
+                preset=saved.get("preset"),
+            )
+        )
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserInputError(
+            f"{path}: not a readable tf-resnet run configuration ({error}); "
+            "move it away to start the run's configuration afresh"
+        ) from None
+
+
+def read_plan(log_root):
+    """The step plan a training run saved in `log_root`, `None` if none."""
+    path = os.path.join(log_root, CONFIG_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as stream:
+            return json.load(stream).get("plan")
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"{path}: unreadable ({error})") from None
+
+
+def save(config, plan, write_fn):
+    """Writes `config.json` (config and step plan) with `write_fn(path, fn)`.
+
+    `write_fn` is `summaries.atomic_write`, passed in so this module stays
+    free of TensorFlow.
+    """
+    document = {
+        "config": json.loads(config.to_json()),
+        "plan": dataclasses.asdict(plan),
+    }
+    path = os.path.join(config.run.log_root, CONFIG_FILE)
+    write_fn(
+        path,
+        lambda stream: json.dump(document, stream, indent=2, sort_keys=True),
+    )
+
+
+def read_tf_config():
+    """`TF_CONFIG` as a dict (`{}` when unset)."""
+    text = os.environ.get("TF_CONFIG", "").strip()
+    if not text:
+        return {}
+    try:
+        tf_config = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserInputError(f"TF_CONFIG is not valid JSON: {error}") from None
+    if not isinstance(tf_config, dict):
+        raise UserInputError(f"TF_CONFIG must be a JSON object, got {text!r}")
+    return tf_config
+
+
+def launcher_world_size():
+    """`(processes, variable)` of a horovodrun/mpirun job, else `(1, None)`."""
+    for variable in _RANK_SIZE_VARIABLES:
+        value = os.environ.get(variable, "")
+        if value.isdigit():
+            return int(value), variable
+    return 1, None
+
+
+def resolve_distribution(distribution):
+    """The mode `--distribution` names, `auto` resolved; and why.
+
+    `auto` looks at how the process was started: by horovodrun or mpirun
+    with several ranks (their rank variables) it is `horovod`; as the
+    coordinator of a `TF_CONFIG` cluster with ps tasks, `parameter_server`;
+    otherwise `mirrored` or `default` by the devices, which only
+    `make_mode` knows (returned as `auto`).
+
+    Returns:
+      `(name, reason)`.
+
+    Raises:
+      UserInputError: a mode that contradicts the launcher (one process of
+        several started by horovodrun told to train on its own).
+    """
+    ranks, variable = launcher_world_size()
+    if ranks > 1 and distribution not in (*HOROVOD_DISTRIBUTIONS, "auto"):
+        raise UserInputError(
+            f"--distribution={distribution} in one of {ranks} processes "
+            f"started by horovodrun/mpirun ({variable}={ranks}): each would "
+            "train on its own into the same --log_root; use "
+            "--distribution=horovod or averaging (or leave it at auto)"
+        )
+    if distribution != "auto":
+        return distribution, "--distribution"
+    if ranks > 1:
+        return "horovod", f"started as one of {ranks} ranks ({variable})"
+    if "ps" in read_tf_config().get("cluster", {}):
+        return "parameter_server", "TF_CONFIG names ps tasks"
+    return "auto", "one process"
+
+
+def _check_finite(config):
+    for group in GROUPS:
+        for name, value in dataclasses.asdict(getattr(config, group)).items():
+            numbers = value if isinstance(value, tuple) else (value,)
+            for number in numbers:
+                if isinstance(number, float) and not math.isfinite(number):
+                    raise UserInputError(
+                        f"--{name}={value}: must be a finite number"
+                    )
+
+
+def validate(config):
+    """Rejects contradictory or out-of-range settings with one message."""
+    _check_finite(config)
+    data, run, optim = config.data, config.run, config.optim
+    model, dist = config.model, config.distribution
+    if run.mode not in ("train", "eval"):
+        raise UserInputError(f"--mode={run.mode}: expected train or eval")
+    if run.eval_once and run.mode != "eval":
+        raise UserInputError("--eval_once only makes sense with --mode=eval")
+    if dist.distribution not in DISTRIBUTIONS:
+        raise UserInputError(
+            f"unknown --distribution={dist.distribution}; known: "
+            f"{', '.join(DISTRIBUTIONS)}"
+        )
+    if config.runtime.dtype not in DTYPES:
+        raise UserInputError(
+            f"unknown --dtype={config.runtime.dtype}; known: "
+            f"{', '.join(DTYPES)}"
+        )
+    if not dist.is_server_task:
+        _check_data(data, run)
+    if optim.batch_size <= 0:
+        raise UserInputError(
+            f"--batch_size must be positive, got {optim.batch_size}"
+        )
+    if model.sync_bn and dist.distribution in HOROVOD_DISTRIBUTIONS:
+        # Keras' synchronized BN all-reduces over tf.distribute replicas only;
+        # under Horovod it would silently normalise each rank on its own.
+        raise UserInputError(
+            f"--sync_bn is not supported with --distribution="
+            f"{dist.distribution}: it synchronises tf.distribute replicas "
+            "only (BN moving statistics are still averaged over ranks)"
+        )
+    if model.stem and model.model not in ("resnet18", "resnet34", "resnet50"):
+        raise UserInputError(f"--stem is for resnet18/34/50, not {model.model}")
+    if model.dropout_rate is not None and model.model != "course_resnet":
+        raise UserInputError(
+            f"--dropout_rate is for course_resnet, not {model.model}"
+        )
+    if optim.freeze_backbone_epochs and not model.pretrained:
+        who = (
+            f"--preset={config.preset}"
+            if config.preset
+            else f"--freeze_backbone_epochs={optim.freeze_backbone_epochs}"
+        )
+        raise UserInputError(
+            f"{who} fine-tunes ImageNet weights: pass --pretrained=PATH "
+            "(e.g. torchvision's resnet18-f37072fd.pth)"
+        )
+
+
+def _check_data(data, run):
+    if data.data_source == "tfds":
+        if data.train_data_path or data.eval_data_path:
+            raise UserInputError(
+                "--data_source=tfds reads --tfds_data_dir; drop "
+                "--train_data_path/--eval_data_path"
+            )
+    elif run.mode == "train" and not data.train_data_path:
+        raise UserInputError("--mode=train needs --train_data_path")
+    elif not data.eval_data_path:
+        raise UserInputError(
+            "--eval_data_path is required (evaluation runs in both modes)"
+        )
