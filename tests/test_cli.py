@@ -22,6 +22,8 @@ def base_args(synthetic, log_root):
         (["--eval_once"], "--eval_once only makes sense with --mode=eval"),
         (["--num_gpus=1"], "--num_gpus=1 but 0 GPU(s) are visible"),
         (["--batch_size=15", "--cpu_replicas=2"], "not divisible by the 2"),
+        (["--learning_rate=nan"], "--learning_rate=nan: must be a finite"),
+        (["--weight_decay=inf"], "--weight_decay=inf: must be a finite"),
         (
             ["--train_data_path=/nonexistent/data_batch*"],
             "/nonexistent/data_batch*: no file matches",

@@ -316,8 +316,9 @@ class _TrainSteps:
 def train(config, mode):
     """Trains, resuming from `config.run.log_root` if it has a checkpoint.
 
-    The chief holds the run's lock for the whole run and saves the config
-    and step plan, which the eval job, export and a resumed run read.
+    The chief holds the run's lock for the whole run and, once the model
+    is built and any checkpoint restored, saves the config and step plan,
+    which the eval job, export and a resumed run read.
 
     Returns:
       dict with the final `step` and last evaluation `precision`.
@@ -328,7 +329,6 @@ def train(config, mode):
         return _train(config, mode, plan, info)
     check_writable(config.run.log_root)
     with run_lock(config.run.log_root):
-        config_lib.save(config, plan, summaries.atomic_write)
         return _train(config, mode, plan, info)
 
 
@@ -343,6 +343,8 @@ def _train(config, mode, plan, info):
         run.log_root, run.keep_checkpoints, mode, model, optimizer=optimizer
     )
     restored = checkpoints.restore()
+    if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
+        config_lib.save(config, plan, summaries.atomic_write)
     mode.broadcast_initial_state(model, optimizer)
     step = int(optimizer.iterations.numpy())
     if restored:

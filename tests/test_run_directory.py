@@ -1,0 +1,132 @@
+"""The run directory (`--log_root`): its owner, its config, its checkpoints."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+
+import pytest
+from conftest import run_main
+from test_reliability import start_main, train_args, wait_for_step
+
+
+def test_a_second_run_on_the_same_log_root_is_refused(
+    synthetic_cifar, tmp_path
+):
+    first = start_main(
+        train_args(synthetic_cifar, tmp_path, "--train_steps=400")
+    )
+    try:
+        wait_for_step(first, 2)
+        second = run_main(train_args(synthetic_cifar, tmp_path))
+        assert second.returncode == 2, second.stderr[-2000:]
+        errors = [x for x in second.stderr.splitlines() if "error:" in x]
+        assert len(errors) == 1, second.stderr[-2000:]
+        assert f"in use by the run of process {first.pid}" in errors[0]
+        assert socket.gethostname() in errors[0]
+    finally:
+        first.terminate()
+        first.wait(timeout=120)
+    # The first run stopped normally (SIGTERM: final checkpoint) and let go.
+    assert first.returncode == 128 + 15
+    assert not os.path.exists(tmp_path / "run.lock")
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(synthetic_cifar, tmp_path):
+    dead_pid = _finished_pid()
+    (tmp_path / "run.lock").write_text(
+        json.dumps({"pid": dead_pid, "host": socket.gethostname()})
+    )
+    proc = run_main(train_args(synthetic_cifar, tmp_path, "--train_steps=2"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"taking over the lock of process {dead_pid}" in proc.stderr
+    assert not os.path.exists(tmp_path / "run.lock")
+
+
+def _finished_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(
+    synthetic_cifar, tmp_path
+):
+    args = train_args(synthetic_cifar, tmp_path, "--train_steps=4")
+    assert run_main(args).returncode == 0
+    index = tmp_path / "ckpt-4.index"
+    index.write_bytes(index.read_bytes()[:40])  # A partial copy.
+    proc = run_main(train_args(synthetic_cifar, tmp_path, "--train_steps=6"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"ckpt-4: checkpoint unreadable", proc.stderr)
+    assert re.search(r"resumed from \S+ckpt-2 at step 2\b", proc.stderr)
+    assert "does not match" not in proc.stderr
+
+
+def test_no_readable_checkpoint_fails_naming_them(synthetic_cifar, tmp_path):
+    args = train_args(synthetic_cifar, tmp_path, "--train_steps=2")
+    assert run_main(args).returncode == 0
+    (tmp_path / "ckpt-2.index").write_bytes(b"\0" * 16)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    proc = run_main(train_args(synthetic_cifar, tmp_path, "--train_steps=4"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1 and "none of the checkpoints ckpt-2" in errors[0]
+    assert "does not match" not in errors[0]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
+    synthetic_cifar, tmp_path
+):
+    first = run_main(
+        train_args(
+            synthetic_cifar, tmp_path, "--train_steps=6", "--model=resnet32"
+        )
+    )
+    assert first.returncode == 0, first.stderr[-2000:]
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["config"]["model"]["model"] == "resnet32"
+    assert saved["config"]["optim"]["batch_size"] == 16
+    steps_per_epoch = saved["plan"]["steps_per_epoch"]
+    assert steps_per_epoch == 1000 // 16
+    # Resume with the run directory and a new length only: model, data and
+    # batch come from config.json.
+    resumed = run_main(
+        [f"--log_root={tmp_path}", "--train_steps=8", "--deterministic"]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert re.search(r"resumed from \S+ckpt-6 at step 6\b", resumed.stderr)
+    assert "training resnet32 on cifar10" in resumed.stderr
+    assert "global batch 16" in resumed.stderr
+    # The eval job, without training data or model flags: the epoch of a
+    # checkpoint comes from the saved plan, not from the evaluation split.
+    job = run_main(
+        [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={tmp_path}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--eval_dir={tmp_path / 'eval_job'}",
+        ]
+    )
+    assert job.returncode == 0, job.stderr[-2000:]
+    with open(tmp_path / "eval.csv") as stream:
+        rows = {r.split(",")[0]: r.split(",")[1] for r in stream}
+    assert float(rows["8"]) == pytest.approx(8 / steps_per_epoch, abs=1e-4)
+
+
+def test_a_mode_that_contradicts_the_launcher_is_refused(
+    synthetic_cifar, tmp_path
+):
+    """One of two horovodrun ranks told to train alone into log_root."""
+    proc = run_main(
+        train_args(synthetic_cifar, tmp_path, "--distribution=default"),
+        env={"HOROVOD_SIZE": "2", "HOROVOD_RANK": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert "--distribution=default in one of 2 processes" in errors[0]
+    assert not os.listdir(tmp_path)
