@@ -32,9 +32,8 @@ def modes():
     """`(name, command prefix, extra flags)` of each mode."""
     main = [PYTHON, os.path.join(ROOT, "resnet_main.py")]
     # Both launchers keep their ranks/tasks in a loopback-only namespace.
-    hvd = [PYTHON, "-m", "tf_resnet.distribute.horovod_launcher"]
-    hvd += ["--np=2", "--"]
-    launcher = [PYTHON, "-m", "tf_resnet.distribute.ps_launcher"]
+    hvd = [PYTHON, "-m", "tf_resnet.launch.horovod", "--np=2", "--"]
+    launcher = [PYTHON, "-m", "tf_resnet.launch.ps"]
     return [
         ("single process", main, ["--distribution=default"]),
         ("mirrored (2 CPU devices)", main, ["--cpu_replicas=2"]),

@@ -3,7 +3,7 @@
   .venv/bin/python bench/scaling.py
 
 Each configuration is a real `horovodrun --gloo` job, started by
-`tf_resnet.distribute.horovod_launcher`, running the training step of
+`tf_resnet.launch.horovod`, running the training step of
 `--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one fused
 all-reduce of the gradients and one of the step metrics per step) on
 a fixed batch of 128 per rank (weak scaling: the global batch grows with
@@ -33,11 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import train_step  # noqa: E402
 
-# Ranks start through the project's launcher (loopback-only namespace), run
-# as the plain script it re-executes itself as.
-LAUNCHER = os.path.join(
-    common.ROOT, "tf_resnet", "distribute", "horovod_launcher.py"
-)
 RESULT = "SCALING_RESULT "
 
 
@@ -124,7 +119,8 @@ def run_job(spec, ranks, env):
     worker_flags = ["--worker", json.dumps(spec)]
     if ranks:
         command = [
-            sys.executable, "-I", LAUNCHER, f"--np={ranks}",
+            # The project's launcher: ranks in a loopback-only namespace.
+            sys.executable, "-m", "tf_resnet.launch.horovod", f"--np={ranks}",
             f"--main={os.path.abspath(__file__)}", "--", *worker_flags,
         ]  # fmt: skip
     else:

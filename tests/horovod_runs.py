@@ -1,7 +1,7 @@
 """Runs `tests/hvd_worker.py` on real Horovod ranks over loopback.
 
-Multi-rank runs go through `tf_resnet.distribute.horovod_launcher`, in a
-loopback-only network namespace.
+Multi-rank runs go through `tf_resnet.launch.horovod`, in a loopback-only
+network namespace.
 
 Shared by test_horovod.py and test_averaging.py. Independent runs start side
 by side; the equivalence runs are cached for the session, so the synchronous
@@ -30,12 +30,8 @@ import typing
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "hvd_worker.py")
-# Run as the plain script it re-executes itself as: `python -m` would
-# import TensorFlow (the package's) only to start over.
-LAUNCHER = os.path.join(
-    os.path.dirname(HERE), "tf_resnet", "distribute", "horovod_launcher.py"
-)
 GLOBAL_BATCH = 16
 TRAIN_RECORDS = 64
 STEPS = 6
@@ -47,13 +43,15 @@ atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 def worker_command(args, ranks=None):
     """The worker's command line; as `ranks` Horovod ranks if given.
 
-    Ranks are started by `horovod_launcher` (`horovodrun` in a loopback-only
-    network namespace), so every multi-rank test also runs there.
+    Ranks are started by `tf_resnet.launch.horovod` (`horovodrun` in a
+    loopback-only network namespace), so every multi-rank test also runs
+    there.
     """
     if ranks is None:
         return [sys.executable, WORKER, *args]
     return [
-        sys.executable, "-I", LAUNCHER, f"--np={ranks}", f"--main={WORKER}",
+        sys.executable, "-m", "tf_resnet.launch.horovod", f"--np={ranks}",
+        f"--main={WORKER}",
         "--", *args,
     ]  # fmt: skip
 
@@ -122,6 +120,7 @@ def start_worker(args, ranks=None, **env):
             stdout=log,
             stderr=subprocess.STDOUT,
             env=worker_env(**env),
+            cwd=ROOT,  # Where `python -m tf_resnet.launch.horovod` finds it.
             start_new_session=True,
         )
     return Started(process, dump_dir)

@@ -1,7 +1,7 @@
 """`--distribution=horovod` on two real ranks over loopback (gloo).
 
 The training tests launch `horovodrun -np 2 -H localhost:2 --gloo` through
-`horovod_launcher`, in a loopback-only network namespace (see
+`tf_resnet.launch.horovod`, in a loopback-only network namespace (see
 horovod_runs.py); none is skipped, as the CI machine has Horovod.
 """
 

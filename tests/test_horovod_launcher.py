@@ -1,4 +1,4 @@
-"""`horovod_launcher`: local Horovod ranks in a loopback-only namespace.
+"""`tf_resnet.launch.horovod`: local Horovod ranks, loopback-only namespace.
 
 `horovodrun` 0.28.1 serves its rendezvous on `0.0.0.0` for the whole run.
 Here the ranks are a tiny script without TensorFlow that reports what it
@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from test_parameter_server import listening_ports
 
-from tf_resnet.distribute import horovod_launcher
+from tf_resnet.launch import horovod
 
 # Reports its interfaces, pid and rendezvous port, then waits for the test
 # to create the file named by its argument.
@@ -60,7 +60,7 @@ def test_rendezvous_listens_only_inside_the_private_namespace(
     probe.write_text(PROBE)
     output = tmp_path / "output.txt"
     command = [
-        sys.executable, "-m", "tf_resnet.distribute.horovod_launcher",
+        sys.executable, "-m", "tf_resnet.launch.horovod",
         "--np=2", f"--network={network}", f"--main={probe}", "--",
         str(release),
     ]  # fmt: skip
@@ -100,11 +100,11 @@ def test_rendezvous_listens_only_inside_the_private_namespace(
 
 
 def test_horovodrun_command_line():
-    assert horovod_launcher.horovodrun_command(3, ["python", "x.py", "-a"]) == [
+    assert horovod.horovodrun_command(3, ["python", "x.py", "-a"]) == [
         "horovodrun", "-np", "3", "-H", "localhost:3", "--gloo",
         "--network-interface", "lo", "python", "x.py", "-a",
     ]  # fmt: skip
-    args = horovod_launcher.parse_args(
+    args = horovod.parse_args(
         ["--np=2", "--", "--distribution=horovod", "--np=5"]
     )
     assert (args.np, args.network) == (2, "private")
@@ -123,15 +123,15 @@ def test_horovodrun_command_line():
 )
 def test_flag_errors_are_one_line(capsys, argv, message):
     with pytest.raises(SystemExit) as error:
-        horovod_launcher.parse_args(argv)
+        horovod.parse_args(argv)
     assert error.value.code == 2
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and message in lines[0], lines
-    assert lines[0].startswith("horovod_launcher: error:")
+    assert lines[0].startswith("launch.horovod: error:")
 
 
 def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert horovod_launcher.main(["--np=2", "--"]) == 2
+    assert horovod.main(["--np=2", "--"]) == 2
     assert "no horovodrun next to" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """Asynchronous parameter-server training: cluster, asynchrony, stop, resume.
 
-The cluster tests start real processes through `ps_launcher` (one ps, one or
-two workers, the coordinator), as in-process TensorFlow clusters hang.
+The cluster tests start real processes through `tf_resnet.launch.ps` (one
+ps, one or two workers, the coordinator), as in-process TensorFlow clusters
+hang.
 """
 
 import json
@@ -16,18 +17,19 @@ import time
 import pytest
 from conftest import ROOT, run_main
 
-from tf_resnet.distribute import parameter_server, ps_launcher
+from tf_resnet.distribute import parameter_server
 from tf_resnet.errors import UserInputError
+from tf_resnet.launch import ps
 
 STEP_LINE = re.compile(r"step (\d+)/\d+ .*: loss ([0-9.]+), accuracy ([0-9.]+)")
 
 
 class Launch:
-    """`python -m tf_resnet.distribute.ps_launcher`, output collected."""
+    """`python -m tf_resnet.launch.ps`, output collected."""
 
     def __init__(self, synthetic, log_root, num_workers, *flags, launcher=()):
         command = [
-            sys.executable, "-m", "tf_resnet.distribute.ps_launcher",
+            sys.executable, "-m", "tf_resnet.launch.ps",
             "--num_ps=1", f"--num_workers={num_workers}", *launcher, "--",
             "--dataset=cifar10",
             f"--train_data_path={synthetic['train']}",
@@ -373,9 +375,9 @@ def test_job_name_needs_hosts():
 
 
 def test_launcher_splits_its_flags_from_resnet_main_flags():
-    args = ps_launcher.parse_args(["--num_workers=3", "--", "--model=resnet32"])
+    args = ps.parse_args(["--num_workers=3", "--", "--model=resnet32"])
     assert (args.num_ps, args.num_workers) == (1, 3)
     assert args.network == "private"
     assert args.main_flags == ["--model=resnet32"]
     with pytest.raises(SystemExit):
-        ps_launcher.parse_args(["--num_workers=0"])
+        ps.parse_args(["--num_workers=0"])

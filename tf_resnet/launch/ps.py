@@ -1,6 +1,6 @@
 """Runs parameter-server training on one machine: ps, workers, coordinator.
 
-  python -m tf_resnet.distribute.ps_launcher --num_ps=1 --num_workers=2 -- \
+  python -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- \
       --dataset=cifar10 --train_data_path='cifar-10-batches-bin/data_batch*' \
       --eval_data_path=cifar-10-batches-bin/test_batch.bin \
       --log_root=/tmp/ps_run
@@ -19,12 +19,13 @@ there: nothing it opens is reachable from outside. This needs root or
 unprivileged user namespaces (Linux); `--network=host` skips it, leaving the
 ports open on all interfaces while training runs.
 
-Teardown: the tasks share one process group of their own, so Ctrl-C in the
+Teardown: the tasks are one `processes.ProcessGroup`, so Ctrl-C in the
 terminal reaches only the launcher, which stops them in order: first the
 coordinator (SIGTERM: it writes a final checkpoint, which needs the ps
 alive), then the servers, which TensorFlow cannot stop otherwise. Each task
-also gets SIGKILL if the launcher itself is killed (`PR_SET_PDEATHSIG`), so
-none outlives it.
+also gets SIGKILL if the launcher itself is killed, so none outlives it.
+The tasks are not peers, so `processes.run_peers` (the first exit ends the
+job) does not fit: `supervise` below waits for the coordinator alone.
 
 Failures (up to `--max_restarts` in all, then everything is stopped and the
 launcher exits 1):
@@ -39,66 +40,40 @@ launcher exits 1):
     `--ps_failure_secs` to notice and then killed), the whole cluster is
     stopped and started again, and the new coordinator resumes from that
     checkpoint: the steps since it are trained again.
-
-Only the standard library is imported: the launcher re-executes itself as a
-plain script, so it starts single-threaded (which `unshare(CLONE_NEWUSER)`
-requires) and without loading TensorFlow. The namespace code is shared with
-`horovod_launcher` in `private_network.py`.
 """
 
-import argparse
-import contextlib
-import ctypes
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-if __package__:
-    from tf_resnet.distribute import private_network
-else:  # The plain `python -I` script (see main): import the sibling module.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import private_network
+from tf_resnet.launch import cli, private_network, processes
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
-PR_SET_PDEATHSIG = 1
 LISTENERS = "TensorFlow's servers"
+log = cli.logger("launch.ps")
 
 
 class LaunchError(Exception):
     """The cluster could not be started or lost a task."""
 
 
-def log(message):
-    """Prints one line to stderr, marked as the launcher's."""
-    print(f"ps_launcher: {message}", file=sys.stderr, flush=True)
-
-
 def parse_args(argv):
     """The launcher's own flags; those after `--` go to `resnet_main.py`."""
-    if "--" in argv:
-        split = argv.index("--")
-        own, main_flags = argv[:split], argv[split + 1 :]
-    else:
-        own, main_flags = argv, []
-    parser = argparse.ArgumentParser(
-        prog="python -m tf_resnet.distribute.ps_launcher",
+    parser = cli.Parser(
+        log,
+        prog="python -m tf_resnet.launch.ps",
         description="Starts ps and worker tasks and the coordinator of "
         "--distribution=parameter_server on this machine. Flags after -- go "
         "to resnet_main.py.",
     )
-    parser.add_argument("--num_ps", type=int, default=1)
-    parser.add_argument("--num_workers", type=int, default=2)
-    private_network.add_network_flag(parser, LISTENERS)
     parser.add_argument(
-        "--main",
-        default=os.path.join(ROOT, "resnet_main.py"),
-        help="The training script (default: resnet_main.py of this checkout).",
+        "--num_ps", type=int, default=1, help="Parameter-server tasks."
     )
+    parser.add_argument(
+        "--num_workers", type=int, default=2, help="Worker tasks."
+    )
+    private_network.add_network_flag(parser, LISTENERS)
     parser.add_argument(
         "--start_timeout_secs",
         type=float,
@@ -127,81 +102,46 @@ def parse_args(argv):
         help="How long the coordinator may take to checkpoint after a stop "
         "signal before it is killed.",
     )
-    args = parser.parse_args(own)
+    args = parser.parse_launcher_args(argv)
     if args.num_ps < 1 or args.num_workers < 1:
         parser.error("--num_ps and --num_workers must be at least 1")
     if args.max_restarts < 0:
         parser.error("--max_restarts must be at least 0")
-    args.main_flags = main_flags
     return args
 
 
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def free_ports(count):
-    """`count` distinct free TCP ports on 127.0.0.1."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _die_with_launcher(launcher_pid):
-    """Runs in each child before exec: SIGKILL it when the launcher dies."""
-
-    def set_death_signal():
-        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() != launcher_pid:  # The launcher died before prctl.
-            os._exit(1)
-
-    return set_death_signal
-
-
 class Cluster:
-    """The processes of one run; `stop` ends every one of them."""
+    """The tasks of one run; `stop` ends every one of them."""
 
     def __init__(self, main, main_flags, num_ps, num_workers):
-        ports = free_ports(num_ps + num_workers)
+        ports = processes.free_ports(num_ps + num_workers)
         self.addresses = {
             "ps": [f"127.0.0.1:{port}" for port in ports[:num_ps]],
             "worker": [f"127.0.0.1:{port}" for port in ports[num_ps:]],
         }
-        self.cluster_flags = [
+        self.command = [
+            sys.executable,
+            main,
+            *main_flags,
             f"--ps_hosts={','.join(self.addresses['ps'])}",
             f"--worker_hosts={','.join(self.addresses['worker'])}",
         ]
-        self.command = [sys.executable, main, *main_flags]
         # Flags name the cluster; a TF_CONFIG from the caller would not.
         self.env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        self.tasks = processes.ProcessGroup(log)
         self.servers = {}  # (job, index) -> Popen
         self.coordinator = None
-        self.group = 0  # Process group of the tasks, set by the first.
-
-    def _start(self, name, flags):
-        process = subprocess.Popen(
-            [*self.command, *self.cluster_flags, *flags],
-            env=self.env,
-            process_group=self.group,
-            preexec_fn=_die_with_launcher(os.getpid()),
-        )
-        self.group = self.group or process.pid
-        log(f"started {name} (pid {process.pid})")
-        return process
 
     def start_server(self, job, index):
         """Starts (or restarts) task `index` of `job` at its address."""
-        self.servers[(job, index)] = self._start(
+        self.servers[(job, index)] = self.tasks.start(
             f"{job} {index} at {self.addresses[job][index]}",
-            [f"--job_name={job}", f"--task_index={index}"],
+            [*self.command, f"--job_name={job}", f"--task_index={index}"],
+            self.env,
         )
 
     def start_servers(self, timeout, signals):
+        """Starts every ps and worker; returns once all of them serve."""
         for job, addresses in self.addresses.items():
             for index in range(len(addresses)):
                 self.start_server(job, index)
@@ -220,12 +160,17 @@ class Cluster:
                     )
                 if signals.received:
                     raise LaunchError(f"{signals.received[0]} while starting")
-                time.sleep(0.2)
+                time.sleep(processes.POLL_SECS)
 
     def start_coordinator(self):
-        self.coordinator = self._start(
+        self.coordinator = self.tasks.start(
             "coordinator",
-            ["--job_name=chief", "--distribution=parameter_server"],
+            [
+                *self.command,
+                "--job_name=chief",
+                "--distribution=parameter_server",
+            ],
+            self.env,
         )
 
     def dead_server(self):
@@ -235,27 +180,9 @@ class Cluster:
                 return job, index, process.returncode
         return None
 
-    def stop(self, grace_secs=5.0):
-        """Terminates the whole process group, then kills what remains."""
-        processes = list(self.servers.values())
-        if self.coordinator is not None:
-            processes.append(self.coordinator)
-        if self.group:
-            for sig in (signal.SIGTERM, signal.SIGCONT):  # CONT: if stopped.
-                _signal_group(self.group, sig)
-            deadline = time.monotonic() + grace_secs
-            while time.monotonic() < deadline and any(
-                p.poll() is None for p in processes
-            ):
-                time.sleep(0.1)
-            _signal_group(self.group, signal.SIGKILL)
-        for process in processes:
-            process.wait()
-
-
-def _signal_group(group, sig):
-    with contextlib.suppress(ProcessLookupError):  # All members exited.
-        os.killpg(group, sig)
+    def stop(self):
+        """Terminates every task (the servers never exit by themselves)."""
+        self.tasks.stop()
 
 
 def _accepts(host, port):
@@ -264,19 +191,6 @@ def _accepts(host, port):
             return True
     except OSError:
         return False
-
-
-class _Signals:
-    """Records SIGINT/SIGTERM/SIGHUP for the supervision loop."""
-
-    def __init__(self):
-        self.received = []
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        del frame
-        self.received.append(signal.Signals(signum).name)
 
 
 class Restarts:
@@ -334,12 +248,9 @@ def supervise(cluster, signals, restarts, args):
                 _await_exit(coordinator, args.ps_failure_secs)
                 return RESTART_CLUSTER
         if signals.received and forwarded_at is None:
-            name = signals.received[0]
-            log(f"{name}: asking the coordinator to stop")
+            log(f"{signals.received[0]}: asking the coordinator to stop")
             # It checkpoints and exits with 128 + the signal number.
-            coordinator.send_signal(
-                signal.SIGINT if name == "SIGINT" else signal.SIGTERM
-            )
+            coordinator.send_signal(signals.to_forward())
             forwarded_at = time.monotonic()
         elif forwarded_at is not None and (
             len(signals.received) > 1
@@ -347,10 +258,10 @@ def supervise(cluster, signals, restarts, args):
         ):
             log("killing the coordinator")
             coordinator.kill()
-        time.sleep(0.2)
+        time.sleep(processes.POLL_SECS)
     code = coordinator.returncode
     log(f"coordinator exited with code {code}")
-    return 128 - code if code < 0 else code
+    return processes.exit_code(code)
 
 
 def _await_exit(process, timeout):
@@ -366,10 +277,8 @@ def _await_exit(process, timeout):
 
 def main(argv=None):
     """Starts the cluster, trains, stops it; returns the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    private_network.restart_single_threaded(__file__, argv)
-    signals = _Signals()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    signals = processes.StopSignals()
     failed = private_network.apply_network_flag(args.network, LISTENERS, log)
     if failed:
         return failed

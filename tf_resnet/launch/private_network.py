@@ -6,11 +6,6 @@ A launcher that runs every process of a job on this machine first moves
 itself into a new network namespace whose only device is the loopback, so
 nothing the job opens is reachable from outside. Its children inherit the
 namespace; the file system, the process ids and the users stay the same.
-
-Only the standard library is imported, and it must stay so: the launchers
-import this module as a top-level module from their own folder when they
-run as a plain `python -I` script (see `restart_single_threaded`), where
-the package, whose `__init__` imports TensorFlow, is not imported.
 """
 
 import ctypes
@@ -18,7 +13,6 @@ import fcntl
 import os
 import socket
 import struct
-import sys
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
@@ -33,27 +27,14 @@ def _unshare(flags):
         raise OSError(code, os.strerror(code))
 
 
-def restart_single_threaded(script, argv):
-    """Re-executes `python -I script argv` if this process is not bare.
-
-    `unshare(CLONE_NEWUSER)` fails in a process with more than one thread,
-    and `python -m tf_resnet.distribute.<launcher>` has imported the package
-    and with it TensorFlow and its threads. The plain script starts again
-    single-threaded, without TensorFlow (`-I`: neither the script's folder
-    nor the working directory nor PYTHONPATH is on `sys.path`). Returns only
-    when no restart was needed.
-    """
-    if "tensorflow" in sys.modules or len(os.listdir("/proc/self/task")) > 1:
-        os.execv(sys.executable, [sys.executable, "-I", script, *argv])
-
-
 def enter_private_network():
     """Moves this process into a new network namespace with only `lo` up.
 
     Root (with CAP_SYS_ADMIN) gets a plain network namespace; other users
     get it inside a user namespace that maps their own uid and gid, so the
-    files the job writes keep their owner. The process must be
-    single-threaded for the latter (see `restart_single_threaded`).
+    files the job writes keep their owner. The kernel refuses a user
+    namespace to a process with more than one thread, hence the launchers
+    import no TensorFlow (see `tf_resnet/launch/__init__.py`).
 
     Raises:
       OSError: the namespace could not be created or is not loopback-only.
@@ -62,6 +43,12 @@ def enter_private_network():
     try:
         _unshare(CLONE_NEWNET)
     except PermissionError:
+        threads = len(os.listdir("/proc/self/task"))
+        if threads > 1:
+            raise OSError(
+                f"this process runs {threads} threads; a user namespace needs "
+                "a single-threaded one (was TensorFlow imported before?)"
+            ) from None
         _unshare(CLONE_NEWUSER | CLONE_NEWNET)
         for name, text in (
             ("setgroups", "deny"),

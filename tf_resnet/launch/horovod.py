@@ -1,6 +1,6 @@
 """Runs Horovod ranks on this machine with nothing reachable from outside.
 
-  python -m tf_resnet.distribute.horovod_launcher --np=2 -- \
+  python -m tf_resnet.launch.horovod --np=2 -- \
       --distribution=horovod \
       --train_data_path='cifar-10-batches-bin/data_batch*' \
       --eval_data_path=cifar-10-batches-bin/test_batch.bin \
@@ -17,39 +17,32 @@ launcher adds no flag. It runs
 `0.0.0.0` for the whole run, even with `-H localhost:N`, and the Gloo
 ranks accept connections the same way. So by default the launcher first
 moves itself into a new network namespace whose only device is the
-loopback (`private_network.py`, as `ps_launcher` does), then replaces
-itself with `horovodrun` (`exec`: signals and the exit code are
-`horovodrun`'s own), whose ranks inherit the namespace. This needs root or
-unprivileged user namespaces (Linux); `--network=host` skips it.
+loopback (`private_network`), then replaces itself with `horovodrun`,
+whose ranks inherit the namespace. This needs root or unprivileged user
+namespaces (Linux); `--network=host` skips it.
+
+Why `exec horovodrun` and not `processes.run_peers` as the other
+launchers: `horovodrun` has to run anyway, as the rendezvous server the
+ranks find each other through and as the one that gives each rank its
+`HOROVOD_*` environment; and it already does what `run_peers` would: it
+ends every rank when one fails (non-elastic Gloo runs), on SIGINT/SIGTERM,
+and when it is itself killed (its per-rank middleman watches it). Run
+under `run_peers` it would be the only process, supervised twice. With
+`exec` the signals and the exit code are `horovodrun`'s own (1 when a rank
+failed: it names the rank and its code).
 
 For several machines run `horovodrun` (or the scripts in `scripts/`)
 directly: the network between the hosts is then yours to configure.
-
-Only the standard library is imported: like `ps_launcher`, the launcher
-re-executes itself as a plain script to start single-threaded, which
-`unshare(CLONE_NEWUSER)` requires, and without loading TensorFlow.
 """
 
-import argparse
 import os
 import shutil
 import sys
 
-if __package__:
-    from tf_resnet.distribute import private_network
-else:  # The plain `python -I` script (see main): import the sibling module.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import private_network
+from tf_resnet.launch import cli, private_network
 
-ROOT = os.path.dirname(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-)
 LISTENERS = "horovodrun's rendezvous server and the Gloo ranks"
-
-
-def log(message):
-    """Prints one line to stderr, marked as the launcher's."""
-    print(f"horovod_launcher: {message}", file=sys.stderr, flush=True)
+log = cli.logger("launch.horovod")
 
 
 def horovodrun_command(num_ranks, command, horovodrun="horovodrun"):
@@ -80,18 +73,11 @@ def find_horovodrun():
     return shutil.which("horovodrun")
 
 
-class _Parser(argparse.ArgumentParser):
-    """Reports a flag error in one line, exit code 2."""
-
-    def error(self, message):
-        log(f"error: {message} (see --help)")
-        sys.exit(2)
-
-
 def parse_args(argv):
     """The launcher's own flags; those after `--` go to `--main`."""
-    parser = _Parser(
-        prog="python -m tf_resnet.distribute.horovod_launcher",
+    parser = cli.Parser(
+        log,
+        prog="python -m tf_resnet.launch.horovod",
         description="Runs --np Horovod ranks of --main on this machine with "
         "horovodrun, in a loopback-only network namespace. Flags after -- go "
         "unchanged to every rank: pass --distribution=horovod (or averaging) "
@@ -101,26 +87,9 @@ def parse_args(argv):
         "--np", type=int, required=True, help="Number of ranks to start."
     )
     private_network.add_network_flag(parser, LISTENERS)
-    parser.add_argument(
-        "--main",
-        default=os.path.join(ROOT, "resnet_main.py"),
-        help="The training script (default: resnet_main.py of this checkout).",
-    )
-    if "--" not in argv:
-        own, main_flags = argv, None
-    else:
-        split = argv.index("--")
-        own, main_flags = argv[:split], argv[split + 1 :]
-    args, unknown = parser.parse_known_args(own)
-    if main_flags is None:
-        parser.error("no --: put the flags for --main after --")
-    if unknown:
-        parser.error(f"unrecognized arguments before --: {' '.join(unknown)}")
+    args = parser.parse_launcher_args(argv, dashes_required=True)
     if args.np < 1:
         parser.error("--np must be at least 1")
-    if not os.path.isfile(args.main):
-        parser.error(f"--main={args.main} is not a file")
-    args.main_flags = main_flags
     return args
 
 
@@ -130,8 +99,7 @@ def main(argv=None):
     Returns:
       An exit code, only when `horovodrun` could not be started.
     """
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     horovodrun = find_horovodrun()
     if horovodrun is None:
         log(
@@ -139,8 +107,6 @@ def main(argv=None):
             "install Horovod (setup.sh) or activate its environment"
         )
         return 2
-    if args.network == "private":
-        private_network.restart_single_threaded(__file__, argv)
     failed = private_network.apply_network_flag(args.network, LISTENERS, log)
     if failed:
         return failed
