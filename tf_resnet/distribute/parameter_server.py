@@ -17,8 +17,8 @@ every other mode; more workers make the steps finish sooner.
 The `ps` and `worker` tasks are plain servers: `resnet_main.py
 --job_name=ps|worker` (or a `TF_CONFIG` naming that task) runs
 `run_server`, which never returns. They must be separate processes (a
-cluster of in-process servers hangs). `ps_launcher` starts a whole cluster
-on one machine.
+cluster of in-process servers hangs). `python -m tf_resnet.launch.ps`
+starts a whole cluster on one machine.
 """
 
 import functools
@@ -80,7 +80,7 @@ def cluster_resolver(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
             "--distribution=parameter_server needs a cluster: --ps_hosts and "
             "--worker_hosts, or a TF_CONFIG environment variable (see "
             "docs/parameter_server.md), or run it through "
-            "`python -m tf_resnet.distribute.ps_launcher`"
+            "`python -m tf_resnet.launch.ps`"
         )
     cluster = config.get("cluster", {})
     for job in SERVER_JOBS:
@@ -272,8 +272,8 @@ class ParameterServerMode(base.DistributionMode):
     def shutdown(self):
         """Logs the work split; the ps/worker servers are left to their owner.
 
-        TensorFlow servers cannot be stopped remotely: `ps_launcher` (or the
-        cluster's job manager) ends them when the coordinator exits.
+        TensorFlow servers cannot be stopped remotely: `tf_resnet.launch.ps`
+        (or the cluster's job manager) ends them when the coordinator exits.
         """
         try:
             logging.info(
