@@ -135,3 +135,27 @@ def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert horovod.main(["--np=2", "--"]) == 2
     assert "no horovodrun next to" in capsys.readouterr().err
+
+
+def test_auto_distribution_sees_the_horovod_ranks(synthetic_cifar, tmp_path):
+    """The design card's usage, no --distribution: one 2-rank run, not two."""
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "tf_resnet.launch.horovod", "--np=2", "--",
+            f"--train_data_path={synthetic_cifar['train']}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--log_root={tmp_path}", "--batch_size=16", "--train_steps=2",
+            "--eval_batch_count=1", "--log_every_steps=1",
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    picked = re.findall(
+        r"\[(\d)\]<stderr>:.*distribution horovod \(started as one of 2 "
+        r"ranks \(HOROVOD_SIZE\)\)",
+        output,
+    )
+    assert sorted(picked) == ["0", "1"], output[-3000:]
+    assert "global batch 16 over 2 replica(s) (horovod)" in output
