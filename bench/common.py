@@ -77,14 +77,14 @@ def print_environment(title):
     """A header naming what the numbers depend on."""
     import tensorflow as tf  # Imported late: workers set threads first.
 
-    from tf_resnet import flags
+    from tf_resnet import runtime
 
     print(f"== {title}")
     print(
         f"   {cpu_model()}, {os.cpu_count()} cores, load average "
         f"{load_average():.2f} at start; TensorFlow {tf.__version__}, "
         f"Python {platform.python_version()}; --dtype=auto is "
-        f"{flags.resolve_dtype('auto')} here"
+        f"{runtime.resolve_dtype('auto')} here"
     )
     sys.stdout.flush()
 
@@ -100,12 +100,15 @@ def cpu_model():
     return platform.processor() or "unknown CPU"
 
 
-def set_tf_threads(intra, inter):
-    """TensorFlow's thread pools; must run before TF executes anything."""
-    import tensorflow as tf
+def start_runtime(**values):
+    """`runtime.start` of a config with these fields, as resnet_main does.
 
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    Must run before TensorFlow executes anything (thread pools, devices).
+    """
+    from tf_resnet import runtime
+    from tf_resnet.config import make_config
+
+    return runtime.start(make_config(**values))
 
 
 class Stats:

@@ -46,8 +46,9 @@ def setup_stack(spec):
     import numpy as np
     import tensorflow as tf
 
-    common.set_tf_threads(int(spec["threads"]), 0)
-    keras.config.set_dtype_policy(spec["dtype"])
+    common.start_runtime(
+        intra_op_threads=int(spec["threads"]), dtype=spec["dtype"]
+    )
     model = build_stack(spec["layout"])
     optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
     rng = np.random.default_rng(0)

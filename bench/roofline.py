@@ -50,7 +50,7 @@ def setup_matmul(spec):
     """Blocks of dense `n x n` matmuls; reports FLOPs as its 'images'."""
     import tensorflow as tf
 
-    common.set_tf_threads(int(spec["threads"]), 0)
+    common.start_runtime(intra_op_threads=int(spec["threads"]))
     n = MATMUL_SIZE
     dtype = tf.as_dtype(spec["matmul_dtype"])
     a = tf.random.normal([n, n], dtype=tf.float32)
@@ -90,9 +90,9 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     common.print_environment("roofline: step FLOP/s vs dense matmul FLOP/s")
-    from tf_resnet import flags
+    from tf_resnet import runtime
 
-    auto_dtype = flags.resolve_dtype("auto")
+    auto_dtype = runtime.resolve_dtype("auto")
     model_names = args.models.split(",")
     flops = {name: forward_flops(name, "cifar10") for name in model_names}
     step_base = {

@@ -10,7 +10,7 @@ a fixed batch of 128 per rank (weak scaling: the global batch grows with
 the ranks, the work per rank stays the same). Jobs alternate, one of each
 per round, so load from elsewhere hits all alike; a round's sample is the
 median of its blocks. Ranks use the project's Horovod settings
-(`flags.set_horovod_defaults`: a 5 ms cycle on CPUs); one row keeps
+(`horovod_mode.set_cycle_time`: a 5 ms cycle on CPUs); one row keeps
 Horovod's own 1 ms to show what that choice moved. A 1-process, 2-thread
 run without Horovod is the context row: what the same 2 cores give without
 data parallelism.
@@ -41,23 +41,33 @@ def run_rank(spec):
     import keras
     import tensorflow as tf
 
-    from tf_resnet import flags, train_loop
+    from tf_resnet import runtime, train_loop
+    from tf_resnet.config import make_config
     from tf_resnet.distribute import make_mode
 
-    common.set_tf_threads(spec["threads"], spec["threads"])
-    keras.config.set_dtype_policy(flags.resolve_dtype(spec["dtype"]))
-    keras.utils.set_random_seed(0)
-    flags.set_horovod_defaults()  # As resnet_main.py does.
-    mode = make_mode(spec["distribution"])
+    ranks = int(os.environ.get("HOROVOD_SIZE", "1"))
     data = common.DATA["cifar10"]
-    config = train_loop.TrainConfig(
+    config = make_config(
         train_data_path=data["path"],
         model=spec["model"],
-        batch_size=spec["batch"] * mode.num_replicas,
+        batch_size=spec["batch"] * ranks,
+        intra_op_threads=spec["threads"],
+        inter_op_threads=spec["threads"],
+        dtype=spec["dtype"],
+        distribution=spec["distribution"],
     )
-    mode.set_global_batch(config.batch_size)
-    model, optimizer = train_loop.build_model_and_optimizer(
-        config, mode, total_steps=100_000
+    started = runtime.start(config)
+    keras.utils.set_random_seed(0)
+    mode = make_mode(
+        started.distribution,
+        config.optim.batch_size,
+        config.distribution,
+        started.devices,
+    )
+    _, info = train_loop.open_train_split(config)
+    model = train_loop.build_model(config, mode, info)
+    optimizer = train_loop.build_optimizer(
+        config, mode, model, total_steps=100_000
     )
     mode.broadcast_initial_state(model, optimizer)
     step = mode.make_train_step(
@@ -101,7 +111,8 @@ def run_rank(spec):
             + json.dumps(
                 {
                     "images_per_sec": [
-                        spec["steps"] * config.batch_size / s for s in seconds
+                        spec["steps"] * config.optim.batch_size / s
+                        for s in seconds
                     ],
                     "step_ms": 1e3 * step_s,
                     "allreduce_ms": 1e3 * reduce_s,

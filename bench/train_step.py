@@ -83,10 +83,11 @@ def _setup_tf(spec):
     """Threads, dtype policy and BN kind, before any TF op runs."""
     import keras
 
-    common.set_tf_threads(int(spec["threads"]), int(spec["inter"]))
-    from tf_resnet import flags
-
-    keras.config.set_dtype_policy(flags.resolve_dtype(spec["dtype"]))
+    common.start_runtime(
+        intra_op_threads=int(spec["threads"]),
+        inter_op_threads=int(spec["inter"]),
+        dtype=spec["dtype"],
+    )
     keras.utils.set_random_seed(0)
     if spec.get("bn") == "keras":
         _use_keras_batch_norm()
@@ -125,11 +126,12 @@ def setup_ours(spec):
     import tensorflow as tf
 
     from tf_resnet import train_loop
+    from tf_resnet.config import make_config
     from tf_resnet.distribute import tf_strategy
 
     _setup_tf(spec)
     data = common.DATA[spec["data"]]
-    config = train_loop.TrainConfig(
+    config = make_config(
         dataset=data["dataset"],
         data_source=data["data_source"],
         train_data_path=data["path"],
@@ -138,10 +140,11 @@ def setup_ours(spec):
         xla=bool(int(spec["xla"])),
         weight_decay=float(spec.get("wd", 1e-4)),
     )
-    mode = tf_strategy.default_mode()
-    mode.set_global_batch(config.batch_size)
-    model, optimizer = train_loop.build_model_and_optimizer(
-        config, mode, total_steps=100_000
+    mode = tf_strategy.default_mode(config.optim.batch_size)
+    _, info = train_loop.open_train_split(config)
+    model = train_loop.build_model(config, mode, info)
+    optimizer = train_loop.build_optimizer(
+        config, mode, model, total_steps=100_000
     )
     replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config)
     train_step = mode.make_train_step(replica_fn)
@@ -162,7 +165,7 @@ def setup_ours(spec):
         for _ in range(steps):
             metrics = train_step(iterator)
         mode.fetch(metrics)  # Waits for the last step.
-        return steps * config.batch_size
+        return steps * config.optim.batch_size
 
     _warm_up(run_block)
     return run_block, {"parameters": model.count_params()}
