@@ -62,7 +62,7 @@ def run_rank(spec):
     )
     mode.set_global_batch(config.batch_size)
     model, optimizer = train_loop.build_model_and_optimizer(
-        config, mode, total_steps=100_000
+        config, mode, common.training_split("cifar10"), total_steps=100_000
     )
     mode.broadcast_initial_state(model, optimizer)
     step = mode.make_train_step(

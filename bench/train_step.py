@@ -72,10 +72,11 @@ def _fixed_batch(spec, seed=0):
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    data = common.DATA[spec["data"]]
-    size = data["image_size"]
+    size = common.image_size(spec["data"])
     images = rng.normal(size=(int(spec["batch"]), size, size, 3))
-    labels = rng.integers(0, data["num_classes"], size=int(spec["batch"]))
+    labels = rng.integers(
+        0, common.num_classes(spec["data"]), size=int(spec["batch"])
+    )
     return images.astype("float32"), labels.astype("int32")
 
 
@@ -131,7 +132,6 @@ def setup_ours(spec):
     data = common.DATA[spec["data"]]
     config = train_loop.TrainConfig(
         dataset=data["dataset"],
-        data_source=data["data_source"],
         train_data_path=data["path"],
         model=spec["model"],
         batch_size=int(spec["batch"]),
@@ -141,7 +141,7 @@ def setup_ours(spec):
     mode = tf_strategy.default_mode()
     mode.set_global_batch(config.batch_size)
     model, optimizer = train_loop.build_model_and_optimizer(
-        config, mode, total_steps=100_000
+        config, mode, common.training_split(spec["data"]), total_steps=100_000
     )
     replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config)
     train_step = mode.make_train_step(replica_fn)
@@ -175,9 +175,9 @@ def setup_fit(spec):
     from tf_resnet import models
 
     _setup_tf(spec)
-    data = common.DATA[spec["data"]]
+    size = common.image_size(spec["data"])
     model = models.build_model(
-        spec["model"], data["num_classes"], (data["image_size"],) * 2 + (3,)
+        spec["model"], common.num_classes(spec["data"]), (size, size, 3)
     )
     optimizer = keras.optimizers.SGD(
         0.01, momentum=0.9, weight_decay=float(spec.get("wd", 1e-4)) or None
@@ -232,9 +232,7 @@ def setup_torch(spec):
     if int(spec["inter"]):
         torch.set_num_interop_threads(int(spec["inter"]))
     torch.manual_seed(0)
-    model = torch_resnet.build(
-        spec["model"], common.DATA[spec["data"]]["num_classes"]
-    )
+    model = torch_resnet.build(spec["model"], common.num_classes(spec["data"]))
     images, labels = _fixed_batch(spec)
     images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     labels = torch.from_numpy(labels).long()

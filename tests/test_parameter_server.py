@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, run_main
 
+from tests.helpers import ROOT, run_main
 from tf_resnet.distribute import parameter_server, ps_launcher
 from tf_resnet.errors import UserInputError
 

@@ -13,8 +13,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
 
+from tests.helpers import ROOT
 from tf_resnet import flags as resnet_flags
 from tf_resnet import train_loop
 from tf_resnet.distribute import tf_strategy

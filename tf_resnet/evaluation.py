@@ -71,15 +71,19 @@ def evaluate(eval_step, dataset, mode, max_batches=None):
 def build_eval_dataset(config, mode):
     """This process's shard of the evaluation split, in file order."""
     num_shards, shard_index = mode.eval_shard()
-    return data.build_dataset(
+    split = data.open_split(
         config.dataset,
         config.eval_data_path,
         training=False,
-        batch_size=config.eval_batch_size or config.batch_size,
         source=config.data_source,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        image_size=config.image_size,
+    )
+    return split.dataset(
+        config.eval_batch_size or config.batch_size,
+        data.InputOptions(
+            num_shards=num_shards,
+            shard_index=shard_index,
+            image_size=config.image_size,
+        ),
     )
 
 

@@ -25,12 +25,14 @@ def define_data_flags():
     flags.DEFINE_enum("dataset", "cifar10", sorted(data.DATASETS), "Dataset.")
     flags.DEFINE_string(
         "data_source",
-        "binary",
-        "On-disk format: binary (official CIFAR "
-        "binaries), pickle (official CIFAR python pickles: data_batch_*, "
-        "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
-        "tensorflow-datasets in --tfds_data_dir; never downloads), folder "
-        "(--dataset=tinyimagenet: tiny-imagenet-200 root as both data paths).",
+        "",
+        "On-disk format; empty: inferred (folder for "
+        "tinyimagenet; binary or pickle from the CIFAR files' first bytes). "
+        "binary (official CIFAR binaries), pickle (official CIFAR python "
+        "pickles: data_batch_*, test_batch; cifar-100-python/train, test), "
+        "tfds (CIFAR prepared by tensorflow-datasets in --tfds_data_dir; "
+        "never downloads, never inferred), folder (--dataset=tinyimagenet: "
+        "tiny-imagenet-200 root as both data paths).",
     )
     flags.DEFINE_string(
         "tfds_data_dir",
@@ -311,7 +313,6 @@ PRESETS = {
     },
     "course_tinyimagenet": {
         "dataset": "tinyimagenet",
-        "data_source": "folder",
         "model": "course_resnet",
         "train_epochs": 40,
         "batch_size": 128,

@@ -48,7 +48,7 @@ class TrainConfig:
     dataset: str = "cifar10"
     train_data_path: str = ""
     eval_data_path: str = ""
-    data_source: str = "binary"
+    data_source: str = ""  # Empty: inferred by data.open_split.
     log_root: str = "/tmp/resnet_model"
     train_dir: str = ""
     eval_dir: str = ""
@@ -89,6 +89,7 @@ class TrainConfig:
 class RunPlan:
     """Step counts derived from the data size and the config."""
 
+    train_split: data.Split
     num_train_examples: int
     steps_per_epoch: int
     total_steps: int
@@ -99,9 +100,13 @@ class RunPlan:
 
 def plan_run(config):
     """Derives step counts; validates the training files on the way."""
-    num_train = data.num_examples(
-        config.dataset, config.train_data_path, config.data_source
+    split = data.open_split(
+        config.dataset,
+        config.train_data_path,
+        training=True,
+        source=config.data_source,
     )
+    num_train = split.num_examples
     steps_per_epoch = max(1, num_train // config.batch_size)
     if config.train_steps:
         total = config.train_steps
@@ -111,6 +116,7 @@ def plan_run(config):
         total = 64_000  # The paper's CIFAR schedule, at batch 128.
     eval_every = config.eval_every_steps or steps_per_epoch
     return RunPlan(
+        train_split=split,
         num_train_examples=num_train,
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
@@ -120,17 +126,14 @@ def plan_run(config):
     )
 
 
-def build_model_and_optimizer(config, mode, total_steps, warmup_steps=0):
+def build_model_and_optimizer(config, mode, split, total_steps, warmup_steps=0):
     """Creates model and SGD optimizer (with slots) in the mode's scope."""
-    info = data.dataset_info(
-        config.dataset, config.train_data_path, config.data_source
-    )
-    size = config.image_size or info.image_size
+    size = config.image_size or split.image_size
     update_batch = mode.replica_batch * mode.replicas_per_update
     with mode.scope():
         model = models.build_model(
             config.model,
-            info.num_classes,
+            split.num_classes,
             (size, size, 3),
             pretrained=config.pretrained or None,
             **config.model_options,
@@ -371,7 +374,7 @@ def train(config, mode):
         check_writable(config.log_root)
     keras.utils.set_random_seed(config.seed)
     model, optimizer = build_model_and_optimizer(
-        config, mode, plan.total_steps, plan.warmup_steps
+        config, mode, plan.train_split, plan.total_steps, plan.warmup_steps
     )
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(
@@ -396,18 +399,16 @@ def train(config, mode):
     )
 
     def dataset_fn(num_shards, shard_index, batch_size):
-        return data.build_dataset(
-            config.dataset,
-            config.train_data_path,
-            training=True,
-            batch_size=batch_size,
-            source=config.data_source,
-            seed=config.seed,
-            start_step=step,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            shuffle_buffer=config.shuffle_buffer,
-            image_size=config.image_size,
+        return plan.train_split.dataset(
+            batch_size,
+            data.InputOptions(
+                seed=config.seed,
+                start_step=step,
+                num_shards=num_shards,
+                shard_index=shard_index,
+                shuffle_buffer=config.shuffle_buffer,
+                image_size=config.image_size,
+            ),
         )
 
     iterator = mode.distribute_dataset(dataset_fn)
@@ -530,5 +531,7 @@ def evaluate_only(config, mode):
     """`--mode=eval`: the separate evaluation job of the original example."""
     plan = plan_run(config)
     mode.set_global_batch(config.batch_size)
-    model, _ = build_model_and_optimizer(config, mode, plan.total_steps)
+    model, _ = build_model_and_optimizer(
+        config, mode, plan.train_split, plan.total_steps
+    )
     evaluation.continuous_eval(config, mode, model, plan.steps_per_epoch)
