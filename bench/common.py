@@ -13,6 +13,7 @@ warm-up (tracing, compilation, tf.data autotuning) is timed once and reported
 separately.
 """
 
+import functools
 import json
 import os
 import platform
@@ -25,46 +26,58 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-CIFAR_DIR = os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "cifar-10-batches-bin"
+# `../shared/data` next to the checkout, or $BENCH_DATA_DIR (a checkout
+# elsewhere, e.g. a git worktree).
+SAMPLES_DIR = os.environ.get(
+    "BENCH_DATA_DIR", os.path.join(os.path.dirname(ROOT), "shared", "data")
 )
-TINYIMAGENET_DIR = os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "tiny-imagenet-200-10class"
-)
+CIFAR_DIR = os.path.join(SAMPLES_DIR, "cifar-10-batches-bin")
+TINYIMAGENET_DIR = os.path.join(SAMPLES_DIR, "tiny-imagenet-200-10class")
 
-# The real data samples the benchmarks read (never copied into the repo).
+# The real data samples the benchmarks read (never copied into the repo);
+# their facts come from `tf_resnet.data`: the table and the opened split.
 DATA = {
     "cifar10": {
         "dataset": "cifar10",
-        "data_source": "binary",
         "path": os.path.join(CIFAR_DIR, "data_batch*"),
-        "image_size": 32,
-        "num_classes": 10,
+        "eval_path": os.path.join(CIFAR_DIR, "test_batch.bin"),
     },
     "tinyimagenet": {
         "dataset": "tinyimagenet",
-        "data_source": "folder",
         "path": TINYIMAGENET_DIR,
-        "image_size": 64,
-        "num_classes": 10,
+        "eval_path": TINYIMAGENET_DIR,
     },
 }
+
+
+@functools.cache
+def training_split(data_name):
+    """The training split of a sample, opened once per process."""
+    from tf_resnet import data
+
+    info = DATA[data_name]
+    return data.open_split(info["dataset"], info["path"], training=True)
+
+
+def image_size(data_name):
+    """Side of the sample's images, from the table of dataset facts."""
+    from tf_resnet import data
+
+    return data.DATASETS[DATA[data_name]["dataset"]].image_size
+
+
+def num_classes(data_name):
+    """Classes of the sample: the TinyImageNet one has 10 of the 200."""
+    return training_split(data_name).num_classes
 
 
 def build_training_dataset(data_name, batch_size, num_shards=1, index=0):
     """The training input pipeline exactly as `train_loop.train` builds it."""
     from tf_resnet import data
 
-    info = DATA[data_name]
-    return data.build_dataset(
-        info["dataset"],
-        info["path"],
-        training=True,
-        batch_size=batch_size,
-        source=info["data_source"],
-        seed=0,
-        num_shards=num_shards,
-        shard_index=index,
+    return training_split(data_name).dataset(
+        batch_size,
+        data.InputOptions(seed=0, num_shards=num_shards, shard_index=index),
     )
 
 

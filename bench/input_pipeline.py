@@ -6,7 +6,7 @@ For each real data sample (CIFAR-10 binary, cached in memory and repeated;
 the 10-class TinyImageNet JPEG folders, decoded every epoch) the table shows,
 side by side in one run:
 
-* `pipeline`: images/sec of `data.build_dataset(..., training=True)` at
+* `pipeline`: images/sec of `open_split(..., training=True).dataset()` at
   batch 128 alone (shuffle, augmentation, standardisation; what
   `train_loop.train` builds), pulled as fast as possible;
 * `step (fixed batch)`: images/sec of the training step of the model that
@@ -113,7 +113,7 @@ def main():
             for worker in workers
         ]
         common.print_table(
-            f"{data_name} ({common.DATA[data_name]['data_source']}), "
+            f"{data_name} ({common.training_split(data_name).source}), "
             f"{model}, batch {args.batch}, {args.repetitions} rounds; load "
             f"{common.load_average():.2f} at end",
             [

@@ -31,9 +31,9 @@ def forward_flops(model_name, data_name):
 
     from tf_resnet import models
 
-    info = common.DATA[data_name]
-    shape = (info["image_size"], info["image_size"], 3)
-    model = models.build_model(model_name, info["num_classes"], shape)
+    size = common.image_size(data_name)
+    shape = (size, size, 3)
+    model = models.build_model(model_name, common.num_classes(data_name), shape)
     forward = tf.function(
         lambda images: model(images, training=False)
     ).get_concrete_function(tf.TensorSpec((1, *shape), tf.float32))

@@ -64,8 +64,9 @@ def run_rank(spec):
         config.distribution,
         started.devices,
     )
-    _, info = train_loop.open_train_split(config)
-    model = train_loop.build_model(config, mode, info)
+    model = train_loop.build_model(
+        config, mode, common.training_split("cifar10")
+    )
     optimizer = train_loop.build_optimizer(
         config, mode, model, total_steps=100_000
     )

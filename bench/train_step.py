@@ -72,10 +72,11 @@ def _fixed_batch(spec, seed=0):
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    data = common.DATA[spec["data"]]
-    size = data["image_size"]
+    size = common.image_size(spec["data"])
     images = rng.normal(size=(int(spec["batch"]), size, size, 3))
-    labels = rng.integers(0, data["num_classes"], size=int(spec["batch"]))
+    labels = rng.integers(
+        0, common.num_classes(spec["data"]), size=int(spec["batch"])
+    )
     return images.astype("float32"), labels.astype("int32")
 
 
@@ -133,7 +134,6 @@ def setup_ours(spec):
     data = common.DATA[spec["data"]]
     config = make_config(
         dataset=data["dataset"],
-        data_source=data["data_source"],
         train_data_path=data["path"],
         model=spec["model"],
         batch_size=int(spec["batch"]),
@@ -141,8 +141,9 @@ def setup_ours(spec):
         weight_decay=float(spec.get("wd", 1e-4)),
     )
     mode = tf_strategy.default_mode(config.optim.batch_size)
-    _, info = train_loop.open_train_split(config)
-    model = train_loop.build_model(config, mode, info)
+    model = train_loop.build_model(
+        config, mode, common.training_split(spec["data"])
+    )
     optimizer = train_loop.build_optimizer(
         config, mode, model, total_steps=100_000
     )
@@ -178,9 +179,9 @@ def setup_fit(spec):
     from tf_resnet import models
 
     _setup_tf(spec)
-    data = common.DATA[spec["data"]]
+    size = common.image_size(spec["data"])
     model = models.build_model(
-        spec["model"], data["num_classes"], (data["image_size"],) * 2 + (3,)
+        spec["model"], common.num_classes(spec["data"]), (size, size, 3)
     )
     optimizer = keras.optimizers.SGD(
         0.01, momentum=0.9, weight_decay=float(spec.get("wd", 1e-4)) or None
@@ -235,9 +236,7 @@ def setup_torch(spec):
     if int(spec["inter"]):
         torch.set_num_interop_threads(int(spec["inter"]))
     torch.manual_seed(0)
-    model = torch_resnet.build(
-        spec["model"], common.DATA[spec["data"]]["num_classes"]
-    )
+    model = torch_resnet.build(spec["model"], common.num_classes(spec["data"]))
     images, labels = _fixed_batch(spec)
     images = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
     labels = torch.from_numpy(labels).long()

@@ -5,11 +5,11 @@ Each rank's step uses the learning rate of its own batch (8 of the global
 synchronous run at 0.4 (see tf_resnet/distribute/averaging.py).
 """
 
-import horovod_runs
 import numpy as np
 import pytest
-from horovod_runs import Spec
 
+from tests import horovod_runs
+from tests.horovod_runs import Spec
 from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError

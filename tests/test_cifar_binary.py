@@ -5,10 +5,10 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import write_cifar_records
 
-from tf_resnet.data import build_dataset, num_examples
-from tf_resnet.errors import DataError
+from tests.helpers import write_cifar_records
+from tf_resnet.data import DATASETS, InputOptions, open_split
+from tf_resnet.errors import DataError, UserInputError
 
 
 def standardized(images):
@@ -17,6 +17,11 @@ def standardized(images):
     mean = x.mean(axis=(1, 2, 3), keepdims=True)
     std = x.std(axis=(1, 2, 3), keepdims=True)
     return (x - mean) / np.maximum(std, 1.0 / np.sqrt(x[0].size))
+
+
+def build(dataset, pattern, training, batch_size, **options):
+    split = open_split(dataset, pattern, training=training)
+    return split.dataset(batch_size, InputOptions(**options))
 
 
 def collect(dataset):
@@ -30,15 +35,16 @@ def collect(dataset):
 def test_eval_reader_matches_raw_bytes_in_file_order(tmp_path, dataset):
     first = write_cifar_records(tmp_path / "b_1.bin", dataset, 37, seed=1)
     second = write_cifar_records(tmp_path / "b_2.bin", dataset, 20, seed=2)
-    images, labels = collect(
-        build_dataset(dataset, str(tmp_path / "b_*.bin"), False, 16)
-    )
+    split = open_split(dataset, str(tmp_path / "b_*.bin"), training=False)
+    images, labels = collect(split.dataset(16))
     expected_images = np.concatenate([first[0], second[0]])
     expected_labels = np.concatenate([first[1], second[1]])
     np.testing.assert_array_equal(labels, expected_labels)  # Fine labels.
     np.testing.assert_allclose(images, standardized(expected_images), atol=1e-4)
     assert images.dtype == np.float32 and labels.dtype == np.int32
-    assert num_examples(dataset, str(tmp_path / "b_*.bin")) == 57
+    assert split.num_examples == 57
+    assert split.num_classes == DATASETS[dataset].num_classes
+    assert (split.source, split.image_size) == ("binary", 32)
 
 
 def test_training_stream_is_deterministic_and_resumable(tmp_path):
@@ -46,7 +52,7 @@ def test_training_stream_is_deterministic_and_resumable(tmp_path):
     pattern = str(tmp_path / "t.bin")
 
     def batches(start_step, count, seed=7):
-        ds = build_dataset(
+        ds = build(
             "cifar10",
             pattern,
             True,
@@ -69,7 +75,7 @@ def test_training_stream_is_deterministic_and_resumable(tmp_path):
 
 def test_training_augmentation_crops_and_flips_the_original(tmp_path):
     images, labels = write_cifar_records(tmp_path / "t.bin", "cifar10", 16)
-    ds = build_dataset(
+    ds = build(
         "cifar10", str(tmp_path / "t.bin"), True, 16, shuffle_buffer=1, pad=0
     )
     got, got_labels = next(iter(ds))
@@ -88,7 +94,7 @@ def test_shards_partition_the_eval_records(tmp_path):
     _, labels = write_cifar_records(tmp_path / "t.bin", "cifar10", 23)
     parts = [
         collect(
-            build_dataset(
+            build(
                 "cifar10",
                 str(tmp_path / "t.bin"),
                 False,
@@ -145,7 +151,7 @@ def test_bad_input_names_the_file(tmp_path, case, dataset, expected):
         _write(path, bytes(raw))
     before = os.listdir(tmp_path)
     with pytest.raises(DataError) as error:
-        build_dataset(dataset, path, True, 4)
+        build(dataset, path, True, 4)
     message = str(error.value)
     assert path in message and expected in message
     assert os.listdir(tmp_path) == before
@@ -154,11 +160,86 @@ def test_bad_input_names_the_file(tmp_path, case, dataset, expected):
 def test_image_size_option_resizes(tmp_path):
     write_cifar_records(tmp_path / "t.bin", "cifar10", 4)
     images, _ = next(
-        iter(
-            build_dataset(
-                "cifar10", str(tmp_path / "t.bin"), False, 4, image_size=64
-            )
-        )
+        iter(build("cifar10", str(tmp_path / "t.bin"), False, 4, image_size=64))
     )
     assert images.shape == (4, 64, 64, 3)
     assert tf.reduce_all(tf.math.is_finite(images))
+
+
+def test_dataset_normalization_uses_the_published_channel_statistics(
+    tmp_path,
+):
+    images, _ = write_cifar_records(tmp_path / "t.bin", "cifar100", 6)
+    facts = DATASETS["cifar100"]
+    mean = np.array(facts.mean) * 255.0
+    std = np.array(facts.std) * 255.0
+    split = open_split("cifar100", str(tmp_path / "t.bin"), training=False)
+    got, _ = collect(split.dataset(4, InputOptions(normalization="dataset")))
+    np.testing.assert_allclose(got, (images - mean) / std, atol=1e-4)
+    # Per image it is not: one image's output does not depend on the others.
+    per_image, _ = collect(split.dataset(4))
+    assert not np.allclose(got, per_image, atol=1e-2)
+
+
+def test_an_image_of_the_dataset_mean_normalizes_to_zero(tmp_path):
+    facts = DATASETS["cifar10"]
+    pixel = np.round(np.array(facts.mean) * 255.0)
+    record = np.concatenate(
+        [[3], np.repeat(pixel, 32 * 32)]  # R plane, G plane, B plane.
+    ).astype(np.uint8)
+    path = tmp_path / "mean.bin"
+    path.write_bytes(record.tobytes())
+    split = open_split("cifar10", str(path), training=False)
+    images, labels = collect(
+        split.dataset(1, InputOptions(normalization="dataset"))
+    )
+    assert labels.tolist() == [3]
+    rounding = np.abs(pixel - np.array(facts.mean) * 255.0)
+    expected = rounding / (np.array(facts.std) * 255.0)
+    np.testing.assert_allclose(
+        np.abs(images[0]).max(axis=(0, 1)), expected, rtol=1e-4
+    )
+    assert np.abs(images).max() < 0.01
+
+
+def test_unknown_normalization_is_a_user_input_error():
+    with pytest.raises(UserInputError, match="normalization='imagenet'"):
+        InputOptions(normalization="imagenet")
+
+
+@pytest.mark.parametrize(
+    "dataset, names_file",
+    [("cifar10", "batches.meta.txt"), ("cifar100", "fine_label_names.txt")],
+)
+def test_class_names_come_from_the_text_file_next_to_the_data(
+    tmp_path, dataset, names_file
+):
+    write_cifar_records(tmp_path / "test_batch.bin", dataset, 3)
+    pattern = str(tmp_path / "test_batch.bin")
+    assert open_split(dataset, pattern, training=False).class_names is None
+    count = DATASETS[dataset].num_classes
+    names = [f"class {i}" for i in range(count)]
+    # The official files end with blank lines.
+    (tmp_path / names_file).write_text("\n".join(names) + "\n\n")
+    split = open_split(dataset, pattern, training=False)
+    assert split.class_names == names
+    (tmp_path / names_file).write_text("\n".join(names[:-1]))
+    with pytest.raises(DataError, match=f"lists {count - 1} class names"):
+        open_split(dataset, pattern, training=False)
+
+
+def test_split_is_listed_and_checked_once_when_opened(tmp_path):
+    _, labels = write_cifar_records(tmp_path / "b_1.bin", "cifar10", 5)
+    split = open_split("cifar10", str(tmp_path / "b_*.bin"), training=False)
+    # A file that appears later is not listed again, and a file broken
+    # after opening is not checked again: the pipelines read what was
+    # opened.
+    write_cifar_records(tmp_path / "b_2.bin", "cifar10", 7)
+    with open(tmp_path / "b_1.bin", "r+b") as stream:
+        stream.write(bytes([200]))  # A label byte out of range.
+    for _ in range(2):
+        got_images, got_labels = collect(split.dataset(4))
+        assert len(got_labels) == split.num_examples == 5
+        assert got_labels.tolist() == [200, *labels[1:]]
+    with pytest.raises(DataError, match="label 200"):
+        open_split("cifar10", str(tmp_path / "b_*.bin"), training=False)

@@ -8,11 +8,10 @@ import struct
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import all_batches
 
+from tests.helpers import all_batches, write_cifar_records
 from tf_resnet import data
-from tf_resnet.data import cifar_pickle
-from tf_resnet.errors import DataError
+from tf_resnet.errors import DataError, UserInputError
 
 
 def _py2_str(raw):
@@ -110,18 +109,17 @@ def test_reader_returns_raw_pixels_and_labels_in_file_order(tmp_path, dataset):
         tmp_path / ("data_batch_*" if dataset == "cifar10" else "train")
     )
 
-    images, labels = cifar_pickle.load_files(pattern, dataset)
-    np.testing.assert_array_equal(images, raw_images)
-    np.testing.assert_array_equal(labels, raw_labels)  # Fine labels.
+    split = data.open_split(dataset, pattern, training=False)
+    assert split.source == "pickle"  # Inferred from the first bytes.
+    np.testing.assert_array_equal(split.images, raw_images)
+    np.testing.assert_array_equal(split.labels, raw_labels)  # Fine labels.
 
-    out_images, out_labels = all_batches(
-        data.build_dataset(dataset, pattern, False, 4, source="pickle")
-    )
+    out_images, out_labels = all_batches(split.dataset(4))
     np.testing.assert_array_equal(out_labels, raw_labels)
     np.testing.assert_allclose(
         out_images, tf.image.per_image_standardization(raw_images), atol=1e-5
     )
-    assert data.num_examples(dataset, pattern, "pickle") == len(raw_labels)
+    assert split.num_examples == len(raw_labels)
 
 
 def test_training_batches_resume_like_an_uninterrupted_run(tmp_path):
@@ -129,14 +127,9 @@ def test_training_batches_resume_like_an_uninterrupted_run(tmp_path):
     pattern = str(tmp_path / "data_batch_*")
 
     def batches(start_step, count):
-        dataset = data.build_dataset(
-            "cifar10",
-            pattern,
-            True,
-            4,
-            source="pickle",
-            seed=1,
-            start_step=start_step,
+        split = data.open_split("cifar10", pattern, training=True)
+        dataset = split.dataset(
+            4, data.InputOptions(seed=1, start_step=start_step)
         )
         return [images.numpy() for images, _ in dataset.take(count)]
 
@@ -161,7 +154,7 @@ def test_malicious_pickle_is_refused_and_never_runs(tmp_path):
     with pytest.raises(
         DataError, match=r"refusing to load \w+\.system"
     ) as error:
-        data.build_dataset("cifar10", str(path), True, 1, source="pickle")
+        data.open_split("cifar10", str(path), training=True, source="pickle")
     assert str(path) in str(error.value)
     assert not marker.exists()
     pickle.loads(path.read_bytes())  # The same file run unrestricted...
@@ -204,7 +197,7 @@ def test_bad_content_is_a_data_error_naming_the_file(
     path = tmp_path / "test_batch"
     write_py2_pickle(path, batch)
     with pytest.raises(DataError, match=message) as error:
-        data.num_examples(dataset, str(path), "pickle")
+        data.open_split(dataset, str(path), training=False)
     assert str(path) in str(error.value)
 
 
@@ -212,6 +205,70 @@ def test_not_a_pickle_and_no_match_are_data_errors(tmp_path):
     path = tmp_path / "data_batch_1"
     path.write_bytes(b"\x00" * 3073)  # A CIFAR binary record, say.
     with pytest.raises(DataError, match="not a CIFAR python pickle"):
-        data.num_examples("cifar10", str(path), "pickle")
+        data.open_split("cifar10", str(path), training=True, source="pickle")
     with pytest.raises(DataError, match="no file matches"):
-        data.num_examples("cifar10", str(tmp_path / "nothing*"), "pickle")
+        data.open_split("cifar10", str(tmp_path / "nothing*"), training=True)
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_source_is_told_apart_by_the_first_bytes(tmp_path, dataset):
+    # Same names, no extension: only the content tells the formats apart.
+    (tmp_path / "py").mkdir()
+    (tmp_path / "bin").mkdir()
+    pickled, _ = write_cifar_pickle(tmp_path / "py" / "test_batch", dataset, 3)
+    binary, _ = write_cifar_records(tmp_path / "bin" / "test_batch", dataset, 4)
+    for folder, images in (("py", pickled), ("bin", binary)):
+        split = data.open_split(
+            dataset, str(tmp_path / folder / "test_batch"), training=False
+        )
+        assert split.source == {"py": "pickle", "bin": "binary"}[folder]
+        got, _ = all_batches(split.dataset(2))
+        np.testing.assert_allclose(
+            got, tf.image.per_image_standardization(images), atol=1e-5
+        )
+
+
+def test_pickle_read_as_binary_says_what_it_looks_like(tmp_path):
+    write_cifar_pickle(tmp_path / "data_batch_1", "cifar10", 2)
+    with pytest.raises(DataError, match="starts like a python pickle"):
+        data.open_split(
+            "cifar10",
+            str(tmp_path / "data_batch_1"),
+            training=True,
+            source="binary",
+        )
+
+
+def test_cifar_folder_is_refused_with_a_hint(tmp_path):
+    with pytest.raises(DataError, match="data_source=tfds") as error:
+        data.open_split("cifar10", str(tmp_path), training=True)
+    assert str(tmp_path) in str(error.value)
+    with pytest.raises(UserInputError, match="its sources: binary, pickle"):
+        data.open_split(
+            "cifar10", str(tmp_path), training=True, source="folder"
+        )
+
+
+@pytest.mark.parametrize(
+    "dataset, meta, key",
+    [
+        ("cifar10", "batches.meta", b"label_names"),
+        ("cifar100", "meta", b"fine_label_names"),
+    ],
+)
+def test_class_names_come_from_the_meta_pickle(tmp_path, dataset, meta, key):
+    write_cifar_pickle(tmp_path / "test", dataset, 2)
+    pattern = str(tmp_path / "test")
+    assert data.open_split(dataset, pattern, training=False).class_names is None
+    count = data.DATASETS[dataset].num_classes
+    names = [b"name_%d" % i for i in range(count)]
+    extra = (
+        {b"coarse_label_names": [b"c"] * 20} if dataset == "cifar100" else {}
+    )
+    write_py2_pickle(tmp_path / meta, {key: names, b"num_vis": 3072, **extra})
+    split = data.open_split(dataset, pattern, training=False)
+    assert split.class_names == [name.decode() for name in names]
+    write_py2_pickle(tmp_path / meta, {key: names[:3]})
+    with pytest.raises(DataError, match=f"class names of {dataset}") as error:
+        data.open_split(dataset, pattern, training=False)
+    assert str(tmp_path / meta) in str(error.value)

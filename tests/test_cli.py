@@ -3,7 +3,8 @@
 import os
 
 import pytest
-from conftest import run_main
+
+from tests.helpers import run_main
 
 
 def base_args(synthetic, log_root):

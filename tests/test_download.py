@@ -5,7 +5,6 @@ Nothing here reaches the internet: every URL is http://127.0.0.1:<port>.
 
 import hashlib
 import http.server
-import importlib.util
 import io
 import os
 import pathlib
@@ -16,12 +15,10 @@ import zipfile
 
 import pytest
 
+from tests.helpers import load_data_script
 from tf_resnet.errors import DataError
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "data" / "download.py"
-_SPEC = importlib.util.spec_from_file_location("dataset_download", _PATH)
-download = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(download)
+download = load_data_script("download")
 
 FOLDER = "cifar-10-batches-bin"
 FILES = {

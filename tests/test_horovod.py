@@ -11,16 +11,17 @@ import re
 import signal
 import time
 
-import horovod_runs
 import numpy as np
 import pytest
-from conftest import run_main
-from horovod_runs import Spec
 
-from data import make_synthetic_cifar
+from tests import horovod_runs
+from tests.helpers import load_data_script, run_main
+from tests.horovod_runs import Spec
 from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError
+
+make_synthetic_cifar = load_data_script("make_synthetic_cifar")
 
 
 @pytest.fixture(scope="module")

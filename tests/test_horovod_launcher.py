@@ -14,9 +14,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
-from test_parameter_server import listening_ports
 
+from tests.helpers import ROOT
+from tests.test_parameter_server import listening_ports
 from tf_resnet.launch import horovod
 
 # Reports its interfaces, pid and rendezvous port, then waits for the test

@@ -14,7 +14,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+
+from tests.helpers import ROOT
 
 
 def _fresh_python(code):

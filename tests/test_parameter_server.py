@@ -15,8 +15,8 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, run_main
 
+from tests.helpers import ROOT, run_main
 from tf_resnet.distribute import parameter_server
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import ps

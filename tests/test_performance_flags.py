@@ -13,8 +13,8 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT
 
+from tests.helpers import ROOT
 from tf_resnet import runtime, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 import tensorflow as tf
-from conftest import run_main, write_cifar_records
 
+from tests.helpers import run_main, write_cifar_records
 from tf_resnet import train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import base, tf_strategy

@@ -9,11 +9,12 @@ import signal
 import subprocess
 import sys
 
-import horovod_runs
 import numpy as np
 import pytest
-from conftest import ROOT, run_main
-from test_training import checkpoint_weights, eval_rows, scalars
+
+from tests import horovod_runs
+from tests.helpers import ROOT, run_main
+from tests.test_training import checkpoint_weights, eval_rows, scalars
 
 
 def train_args(synthetic, log_root, *extra):

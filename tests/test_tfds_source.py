@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 import tensorflow_datasets.testing  # noqa: F401  (tfds.testing.mock_data)
-from conftest import run_main, write_cifar_records
 
+from tests.helpers import run_main, write_cifar_records
 from tf_resnet import data
 from tf_resnet.errors import DataError
 
@@ -100,12 +100,14 @@ def _stored_ids(dataset, data_dir, split):
 def test_eval_split_has_the_raw_pixels_and_fine_labels(prepared):
     dataset, data_dir, raw = prepared
     images, labels = _all_batches(
-        data.build_dataset(dataset, data_dir, False, 3, source="tfds")
+        data.open_split(
+            dataset, data_dir, training=False, source="tfds"
+        ).dataset(3)
     )
     order = _stored_ids(dataset, data_dir, "test")
     raw_images, raw_labels = raw["test"]
     assert sorted(order) == list(range(7))
-    # For CIFAR-100 the coarse label differs from the fine one (conftest).
+    # For CIFAR-100 the coarse label differs from the fine one (helpers).
     np.testing.assert_array_equal(labels, raw_labels[order])
     np.testing.assert_allclose(
         images,
@@ -116,17 +118,15 @@ def test_eval_split_has_the_raw_pixels_and_fine_labels(prepared):
 
 def test_train_split_counts_and_resumes(prepared):
     dataset, data_dir, raw = prepared
-    assert data.num_examples(dataset, data_dir, "tfds") == len(raw["train"][1])
+    split = data.open_split(dataset, data_dir, training=True, source="tfds")
+    assert split.num_examples == len(raw["train"][1])
+    names = tfds.builder(dataset, data_dir=data_dir).info.features["label"]
+    assert split.class_names == names.names
+    assert len(split.class_names) == data.DATASETS[dataset].num_classes
 
     def batches(start_step, count):
-        pipeline = data.build_dataset(
-            dataset,
-            data_dir,
-            True,
-            4,
-            source="tfds",
-            seed=2,
-            start_step=start_step,
+        pipeline = split.dataset(
+            4, data.InputOptions(seed=2, start_step=start_step)
         )
         return [(i.numpy(), lbl.numpy()) for i, lbl in pipeline.take(count)]
 
@@ -144,19 +144,19 @@ def test_not_prepared_is_a_data_error_and_never_downloads(tmp_path):
         side_effect=AssertionError("the reader tried to download"),
     ) as download:
         with pytest.raises(DataError, match="not prepared") as error:
-            data.build_dataset("cifar10", empty, True, 4, source="tfds")
+            data.open_split("cifar10", empty, training=True, source="tfds")
         assert empty in str(error.value) and "tfds build" in str(error.value)
         with pytest.raises(DataError, match="not prepared"):
-            data.num_examples("cifar100", empty, "tfds")
+            data.open_split("cifar100", empty, training=False, source="tfds")
     download.assert_not_called()
 
 
 def test_reader_under_tfds_mock_data_matches_tfds(tmp_path):
     with tfds.testing.mock_data(num_examples=6, data_dir=str(tmp_path)):
         images, labels = _all_batches(
-            data.build_dataset(
-                "cifar100", str(tmp_path), False, 4, source="tfds"
-            )
+            data.open_split(
+                "cifar100", str(tmp_path), training=False, source="tfds"
+            ).dataset(4)
         )
         expected = list(
             tfds.load("cifar100", split="test", data_dir=str(tmp_path))

@@ -5,13 +5,13 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import all_batches
 
+from tests.helpers import all_batches, run_main
 from tf_resnet import data, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
-from tf_resnet.errors import DataError
+from tf_resnet.errors import DataError, UserInputError
 
 # Created in this (unsorted) order: labels must follow the sorted names.
 WNIDS = ("n03000000", "n01000000", "n02000000")
@@ -74,22 +74,19 @@ def _snapshot(root):
 
 def test_classes_are_sorted_wnids_like_image_folder(tiny):
     root, written = tiny
-    paths, labels = tinyimagenet.list_train(root)
-    assert tinyimagenet.class_names(root) == sorted(WNIDS)
-    assert paths == [path for path, _, _ in written["train"]]
-    assert labels == [label for _, label, _ in written["train"]]
-    info = data.dataset_info("tinyimagenet", root, "folder")
-    assert (info.num_classes, info.image_size) == (3, 64)
-    assert data.num_examples("tinyimagenet", root, "folder") == 12
+    split = data.open_split("tinyimagenet", root, training=True)
+    assert tinyimagenet.class_wnids(root) == sorted(WNIDS)
+    assert split.paths == [path for path, _, _ in written["train"]]
+    assert split.labels == [label for _, label, _ in written["train"]]
+    assert (split.num_classes, split.image_size) == (3, 64)
+    assert (split.num_examples, split.source) == (12, "folder")
 
 
 def test_eval_reads_val_annotations_in_order_with_exact_pixels(tiny):
     root, written = tiny
     before = _snapshot(root)
-    dataset = data.build_dataset(
-        "tinyimagenet", root, training=False, batch_size=4, source="folder"
-    )
-    images, labels = all_batches(dataset)
+    split = data.open_split("tinyimagenet", root, training=False)
+    images, labels = all_batches(split.dataset(4))
     expected = np.stack([pixels for _, _, pixels in written["val"]])
     np.testing.assert_array_equal(
         labels, [label for _, label, _ in written["val"]]
@@ -108,14 +105,8 @@ def test_eval_shards_cover_val_once(tiny):
     root, _ = tiny
     shards = [
         all_batches(
-            data.build_dataset(
-                "tinyimagenet",
-                root,
-                False,
-                2,
-                source="folder",
-                num_shards=2,
-                shard_index=index,
+            data.open_split("tinyimagenet", root, training=False).dataset(
+                2, data.InputOptions(num_shards=2, shard_index=index)
             )
         )[1]
         for index in range(2)
@@ -127,15 +118,11 @@ def test_training_batches_resume_like_an_uninterrupted_run(tiny):
     root, _ = tiny
 
     def batches(start_step, count):
-        dataset = data.build_dataset(
-            "tinyimagenet",
-            root,
-            True,
+        dataset = data.open_split("tinyimagenet", root, training=True).dataset(
             4,
-            source="folder",
-            seed=3,
-            start_step=start_step,
-            shuffle_buffer=100,
+            data.InputOptions(
+                seed=3, start_step=start_step, shuffle_buffer=100
+            ),
         )
         return [(i.numpy(), lbl.numpy()) for i, lbl in dataset.take(count)]
 
@@ -226,34 +213,37 @@ def test_bad_data_is_a_data_error_naming_the_path(tiny, case):
     damage(os.path.join(root, relative))
     with pytest.raises(DataError, match=message) as error:
         for training in (True, False):
-            data.build_dataset(
-                "tinyimagenet", root, training, 2, source="folder"
-            )
+            data.open_split("tinyimagenet", root, training=training)
     assert root in str(error.value)
 
 
 def test_missing_root_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="no such folder"):
-        data.num_examples("tinyimagenet", str(tmp_path / "nope"), "folder")
+        data.open_split("tinyimagenet", str(tmp_path / "nope"), training=True)
 
 
 def test_image_of_wrong_size_fails_naming_the_file(tiny):
     root, written = tiny
     path = written["val"][2][0]
     _write_jpeg(path, np.random.default_rng(1), size=32)
-    dataset = data.build_dataset(
-        "tinyimagenet", root, False, 2, source="folder"
-    )
+    dataset = data.open_split("tinyimagenet", root, training=False).dataset(2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="val_"):
         all_batches(dataset)
 
 
-def test_training_loop_on_tiny_imagenet_folder(tmp_path):
+def test_training_loop_on_tiny_imagenet_folder(tmp_path, monkeypatch):
     root = str(tmp_path / "tiny")
-    write_tiny_imagenet(root, train_per_class=8, val_per_class=2)
+    written = write_tiny_imagenet(root, train_per_class=8, val_per_class=2)
+    checked = []
+
+    def check_jpeg(path):  # The real check, counted.
+        checked.append(path)
+        real_check_jpeg(path)
+
+    real_check_jpeg = tinyimagenet.check_jpeg
+    monkeypatch.setattr(tinyimagenet, "check_jpeg", check_jpeg)
     config = make_config(
-        dataset="tinyimagenet",
-        data_source="folder",
+        dataset="tinyimagenet",  # The source is inferred: folder.
         train_data_path=root,
         eval_data_path=root,
         log_root=str(tmp_path / "log"),
@@ -273,3 +263,52 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path):
         shape for _, shape in tf.train.list_variables(config.run.log_root)
     ]
     assert [64, 3] in shapes  # Classifier sized from the 3 class folders.
+    # Each image of both splits was checked exactly once in this process.
+    all_paths = [path for items in written.values() for path, _, _ in items]
+    assert sorted(checked) == sorted(all_paths)
+
+
+def test_command_line_needs_no_data_source(tmp_path):
+    root = str(tmp_path / "tiny")
+    write_tiny_imagenet(root, train_per_class=2, val_per_class=2)
+    proc = run_main(
+        [
+            "--dataset=tinyimagenet",
+            f"--train_data_path={root}",
+            f"--eval_data_path={root}",
+            f"--log_root={tmp_path / 'log'}",
+            "--model=resnet20",
+            "--train_steps=1",
+            "--batch_size=2",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "on tinyimagenet: 6 examples" in proc.stderr
+
+
+def test_tinyimagenet_has_only_the_folder_source(tiny):
+    root, _ = tiny
+    with pytest.raises(UserInputError, match="its sources: folder"):
+        data.open_split("tinyimagenet", root, training=True, source="binary")
+
+
+def test_class_names_come_from_words_txt(tiny):
+    root, _ = tiny
+    assert (
+        data.open_split("tinyimagenet", root, training=True).class_names is None
+    )
+    words = {
+        "n00001740": "entity",
+        "n01000000": "goldfish, Carassius auratus",
+        "n02000000": "tabby, tabby cat",
+        # n03000000 is missing: it keeps its wnid as its name.
+    }
+    with open(os.path.join(root, "words.txt"), "w", encoding="utf-8") as out:
+        out.writelines(f"{wnid}\t{text}\n" for wnid, text in words.items())
+    for training in (True, False):
+        split = data.open_split("tinyimagenet", root, training=training)
+        assert split.class_names == [
+            "goldfish, Carassius auratus",
+            "tabby, tabby cat",
+            "n03000000",
+        ]

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_main
 from tensorboard.backend.event_processing import event_accumulator
 
+from tests.helpers import run_main
 from tf_resnet import train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy

@@ -2,8 +2,9 @@
 
 Public, stable entry points:
   * `tf_resnet.models.build_model(name, num_classes, input_shape, **options)`
-  * `tf_resnet.data.build_dataset(dataset, file_pattern, training,
-    batch_size, **options)`
+  * `tf_resnet.data.open_split(dataset, path, training=...)` -> `Split`,
+    whose `dataset(batch_size, InputOptions(...))` is the input pipeline;
+    `tf_resnet.data.DATASETS`, the facts of every dataset
 """
 
 __version__ = "0.1.0"

@@ -249,7 +249,6 @@ PRESETS = {
     },
     "course_tinyimagenet": {
         "dataset": "tinyimagenet",
-        "data_source": "folder",
         "model": "course_resnet",
         "train_epochs": 40,
         "batch_size": 128,

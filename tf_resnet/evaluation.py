@@ -69,18 +69,25 @@ def evaluate(eval_step, dataset, mode, max_batches=None):
 
 
 def build_eval_dataset(config, mode, split=None):
-    """This process's shard of the evaluation split, in file order."""
+    """This process's shard of the evaluation split, in file order.
+
+    `split`: the evaluation split if already opened (else opened here).
+    """
+    if split is None:
+        split = data.open_split(
+            config.data.dataset,
+            config.data.split_path(training=False),
+            training=False,
+            source=config.data.data_source,
+        )
     num_shards, shard_index = mode.eval_shard()
-    data_config = config.data
-    return data.build_dataset(
-        data_config.dataset,
-        data_config.split_path(training=False),
-        training=False,
-        batch_size=config.optim.eval_batch_size or config.optim.batch_size,
-        source=data_config.data_source or "binary",
-        num_shards=num_shards,
-        shard_index=shard_index,
-        image_size=data_config.image_size,
+    return split.dataset(
+        config.optim.eval_batch_size or config.optim.batch_size,
+        data.InputOptions(
+            num_shards=num_shards,
+            shard_index=shard_index,
+            image_size=config.data.image_size,
+        ),
     )
 
 
@@ -92,12 +99,12 @@ class Evaluator:
     `Precision` / `Best Precision` events.
     """
 
-    def __init__(self, config, mode, model):
+    def __init__(self, config, mode, model, split=None):
         self.mode = mode
         self.model = model
         self.max_batches = config.run.eval_batch_count
         self.step_fn = make_eval_step(model)
-        self.dataset = build_eval_dataset(config, mode)
+        self.dataset = build_eval_dataset(config, mode, split)
         self.writer = summaries.EvalWriter(config.run.eval_dir, mode.is_chief)
         self.history = summaries.EvalHistory(
             config.run.log_root, title=config.model.model
@@ -138,7 +145,7 @@ class Evaluator:
         self.close()
 
 
-def continuous_eval(config, mode, model, epoch_of):
+def continuous_eval(config, mode, model, epoch_of, split=None):
     """Evaluates every new checkpoint in `config.run.log_root`.
 
     `epoch_of(step)` gives the epoch of a checkpoint's step.
@@ -148,7 +155,7 @@ def continuous_eval(config, mode, model, epoch_of):
     """
     run = config.run
     checkpoint = tf.train.Checkpoint(model=model)
-    evaluator = Evaluator(config, mode, model)
+    evaluator = Evaluator(config, mode, model, split)
     if run.eval_once:
         paths = [tf.train.latest_checkpoint(run.log_root)]
         if paths[0] is None:

@@ -21,12 +21,13 @@ def define_data_flags():
         "data_source",
         None,
         ["binary", "pickle", "tfds", "folder"],
-        "On-disk format (default: inferred from --dataset and the files): "
-        "binary (official CIFAR "
-        "binaries), pickle (official CIFAR python pickles: data_batch_*, "
-        "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
-        "tensorflow-datasets in --tfds_data_dir; never downloads), folder "
-        "(--dataset=tinyimagenet: tiny-imagenet-200 root as both data paths).",
+        "On-disk format; default: inferred (folder for "
+        "tinyimagenet; binary or pickle from the CIFAR files' first bytes). "
+        "binary (official CIFAR binaries), pickle (official CIFAR python "
+        "pickles: data_batch_*, test_batch; cifar-100-python/train, test), "
+        "tfds (CIFAR prepared by tensorflow-datasets in --tfds_data_dir; "
+        "never downloads, never inferred), folder (--dataset=tinyimagenet: "
+        "tiny-imagenet-200 root as both data paths).",
     )
     flags.DEFINE_string(
         "tfds_data_dir",

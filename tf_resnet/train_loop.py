@@ -52,13 +52,14 @@ class RunPlan:
     warmup_steps: int
 
 
-def open_train_split(config):
-    """`(num_examples, DatasetInfo)` of the training split, validated."""
-    data_config = config.data
-    source = data_config.data_source or "binary"
-    path = data_config.split_path(training=True)
-    num_train = data.num_examples(data_config.dataset, path, source)
-    return num_train, data.dataset_info(data_config.dataset, path, source)
+def open_split(config, training):
+    """A split of the config's dataset, listed and validated once."""
+    return data.open_split(
+        config.data.dataset,
+        config.data.split_path(training),
+        training=training,
+        source=config.data.data_source,
+    )
 
 
 def plan_run(config, num_train):
@@ -83,7 +84,11 @@ def plan_run(config, num_train):
 
 
 def build_model(config, mode, info):
-    """The model of the config, in the mode's scope."""
+    """The model of the config, in the mode's scope.
+
+    `info` tells the class count and native image size: an opened
+    `data.Split` (classes can come from the files) or `data.DATASETS` facts.
+    """
     size = config.data.image_size or info.image_size
     with mode.scope():
         return models.build_model(
@@ -323,19 +328,19 @@ def train(config, mode):
     Returns:
       dict with the final `step` and last evaluation `precision`.
     """
-    num_train, info = open_train_split(config)
-    plan = plan_run(config, num_train)
+    split = open_split(config, training=True)
+    plan = plan_run(config, split.num_examples)
     if not mode.is_chief:
-        return _train(config, mode, plan, info)
+        return _train(config, mode, plan, split)
     check_writable(config.run.log_root)
     with run_lock(config.run.log_root):
-        return _train(config, mode, plan, info)
+        return _train(config, mode, plan, split)
 
 
-def _train(config, mode, plan, info):
+def _train(config, mode, plan, split):
     run = config.run
     keras.utils.set_random_seed(run.seed)
-    model = build_model(config, mode, info)
+    model = build_model(config, mode, split)
     optimizer = build_optimizer(
         config, mode, model, plan.total_steps, plan.warmup_steps
     )
@@ -362,7 +367,7 @@ def _train(config, mode, plan, info):
         mode.name,
     )
     iterator = mode.distribute_dataset(
-        functools.partial(_training_dataset, config, step)
+        functools.partial(_training_dataset, split, config, step)
     )
     train_step = _TrainSteps(config, mode, model, optimizer, plan)
     evaluator = evaluation.Evaluator(config, mode, model)
@@ -405,21 +410,20 @@ def _train(config, mode, plan, info):
     return {"step": step, **last_eval}
 
 
-def _training_dataset(config, start_step, num_shards, shard_index, batch_size):
+def _training_dataset(
+    split, config, start_step, num_shards, shard_index, batch_size
+):
     """One input pipeline of the training split (`mode.distribute_dataset`)."""
-    data_config = config.data
-    return data.build_dataset(
-        data_config.dataset,
-        data_config.split_path(training=True),
-        training=True,
-        batch_size=batch_size,
-        source=data_config.data_source or "binary",
-        seed=config.run.seed,
-        start_step=start_step,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        shuffle_buffer=data_config.shuffle_buffer,
-        image_size=data_config.image_size,
+    return split.dataset(
+        batch_size,
+        data.InputOptions(
+            seed=config.run.seed,
+            start_step=start_step,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            shuffle_buffer=config.data.shuffle_buffer,
+            image_size=config.data.image_size,
+        ),
     )
 
 
@@ -430,14 +434,10 @@ def evaluate_only(config, mode):
     count comes from the evaluation split and the epoch of a checkpoint
     from the step plan the training run saved in `log_root`.
     """
-    info = data.dataset_info(
-        config.data.dataset,
-        config.data.split_path(training=False),
-        config.data.data_source or "binary",
-    )
-    model = build_model(config, mode, info)
+    split = open_split(config, training=False)
+    model = build_model(config, mode, split)
     evaluation.continuous_eval(
-        config, mode, model, functools.partial(_epoch_of_step, config)
+        config, mode, model, functools.partial(_epoch_of_step, config), split
     )
 
 
@@ -447,6 +447,6 @@ def _epoch_of_step(config, step):
     if plan is None:
         if not config.data.train_data_path:
             return float("nan")
-        num_train, _ = open_train_split(config)
+        num_train = open_split(config, training=True).num_examples
         plan = dataclasses.asdict(plan_run(config, num_train))
     return step / plan["steps_per_epoch"]

@@ -1,92 +1,111 @@
-"""Dataset sources behind one function, `build_dataset`.
+"""Datasets behind one function, `open_split`, and one table, `DATASETS`.
 
-Each source lives in its own module (as in tensorflow/models official/r1)
-and returns batches of `(images float32 [B, H, W, 3], labels int32 [B])`.
+`open_split(dataset, path, training=...)` lists and checks the files of one
+split once and returns a `Split`: its facts (`num_examples`,
+`num_classes`, `image_size`, `class_names`) and `split.dataset(batch_size,
+InputOptions(...))`, the `tf.data` pipeline of `(images float32
+[B, H, W, 3], labels int32 [B])` batches. Each on-disk format has its own
+reader module (as in tensorflow/models official/r1), one `Split` subclass
+each.
 """
 
-import dataclasses
+import os
 
 from tf_resnet.data import cifar_binary, cifar_pickle, tfds_source, tinyimagenet
-from tf_resnet.errors import UserInputError
+from tf_resnet.data.facts import DATASETS, DatasetFacts
+from tf_resnet.data.split import InputOptions, Split
+from tf_resnet.errors import DataError, UserInputError
 
+__all__ = [
+    "DATASETS",
+    "DatasetFacts",
+    "InputOptions",
+    "Split",
+    "infer_source",
+    "open_split",
+]
 
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    """What the model and the training loop need to know about a dataset."""
-
-    num_classes: int
-    image_size: int
-
-
-DATASETS = {
-    "cifar10": DatasetInfo(num_classes=10, image_size=32),
-    "cifar100": DatasetInfo(num_classes=100, image_size=32),
-    # The class count is read from train/ (see tinyimagenet.info).
-    "tinyimagenet": DatasetInfo(num_classes=200, image_size=64),
+READERS = {
+    "binary": cifar_binary.BinarySplit,
+    "pickle": cifar_pickle.PickleSplit,
+    "tfds": tfds_source.TfdsSplit,
+    "folder": tinyimagenet.FolderSplit,
 }
-
-_SOURCES = {
-    ("cifar10", "binary"): cifar_binary,
-    ("cifar100", "binary"): cifar_binary,
-    ("cifar10", "pickle"): cifar_pickle,
-    ("cifar100", "pickle"): cifar_pickle,
-    ("cifar10", "tfds"): tfds_source,
-    ("cifar100", "tfds"): tfds_source,
-    ("tinyimagenet", "folder"): tinyimagenet,
-}
+_FILE_READERS = ("binary", "pickle")
 
 
-def _source(dataset, source):
+def _facts(dataset):
     try:
-        return _SOURCES[(dataset, source)]
+        return DATASETS[dataset]
     except KeyError:
-        known = ", ".join(f"{d}/{s}" for d, s in sorted(_SOURCES))
         raise UserInputError(
-            f"no reader for --dataset={dataset} --data_source={source}; "
-            f"known: {known}"
+            f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}"
         ) from None
 
 
-def build_dataset(
-    dataset, file_pattern, training, batch_size, source="binary", **options
-):
-    """Builds the input pipeline of one dataset.
+def infer_source(dataset, path):
+    """The on-disk format of a split when none was asked for.
 
-    Args:
-      dataset: `cifar10`, `cifar100` (more come with more sources).
-      file_pattern: glob of the data files (comma-separated globs allowed),
-        or the dataset root folder for folder-based sources.
-      training: `True`: shuffled, repeated forever, augmented (pad, random
-        crop, flip), standardised. `False`: every record exactly once, in
-        file order, standardised only.
-      batch_size: examples per batch of this pipeline.
-      source: on-disk format (`binary` for the official CIFAR binaries).
-      **options: `seed`, `start_step`, `num_shards`, `shard_index`,
-        `shuffle_buffer`, `cache`, `image_size`, `pad`.
+    A dataset with one source (TinyImageNet: `folder`) is read from it.
+    CIFAR files are told apart by their first byte: the python pickles start
+    with the pickle PROTO opcode, the binaries with a label byte. TFDS is
+    never inferred: a TFDS data dir is a folder like any other.
 
     Returns:
-      `tf.data.Dataset` of `(images float32 [B,H,W,3], labels int32 [B])`.
+      `(source, files)`: `files` is the sorted list of CIFAR files already
+      matched (so they are not listed again), or `None`.
 
     Raises:
-      DataError: the files are missing, empty or in the wrong format.
+      DataError: no file matches `path`, or it names a folder.
     """
-    return _source(dataset, source).build(
-        dataset, file_pattern, training, batch_size, **options
-    )
+    facts = _facts(dataset)
+    if len(facts.sources) == 1:
+        return facts.sources[0], None
+    files = cifar_binary.list_files(path)
+    first = files[0]
+    if os.path.isdir(first):
+        raise DataError(
+            f"{first}: is a folder; pass a glob of the {dataset} files in it "
+            f"(e.g. {os.path.join(first, 'data_batch_*')}), or "
+            "--data_source=tfds if it is a TFDS data dir"
+        )
+    source = "pickle" if cifar_binary.starts_like_pickle(first) else "binary"
+    return source, files
 
 
-def dataset_info(dataset, file_pattern, source="binary"):
-    """Class count and native image size of a dataset.
+def open_split(dataset, path, *, training, source=None):
+    """Lists and checks the files of one split; the `Split` that reads them.
 
-    Sources whose class count comes from the data (TinyImageNet folders)
-    define `info(dataset, file_pattern)`; the others use `DATASETS`.
+    Args:
+      dataset: a key of `DATASETS`.
+      path: glob of the CIFAR files (comma-separated globs allowed), the
+        Tiny-ImageNet root folder, or the TFDS data dir (empty: TFDS's
+        default).
+      training: the training split (TinyImageNet `train/`, TFDS `train`)
+        or the evaluation split (`val/`, `test`); also how its batches are
+        made (see `Split.dataset`).
+      source: `binary`, `pickle`, `tfds` or `folder`; `None` or empty:
+        inferred (see `infer_source`).
+
+    Returns:
+      The opened `Split`.
+
+    Raises:
+      UserInputError: unknown dataset, or a source it cannot be read from.
+      DataError: the files are missing, empty or in the wrong format (the
+        message names the file).
     """
-    module = _source(dataset, source)
-    if hasattr(module, "info"):
-        return module.info(dataset, file_pattern)
-    return DATASETS[dataset]
-
-
-def num_examples(dataset, file_pattern, source="binary"):
-    """How many examples the files of one split hold (validating them)."""
-    return _source(dataset, source).num_examples(dataset, file_pattern)
+    facts = _facts(dataset)
+    files = None
+    if not source:
+        source, files = infer_source(dataset, path)
+    if source not in facts.sources:
+        raise UserInputError(
+            f"--dataset={dataset} cannot be read from --data_source={source}; "
+            f"its sources: {', '.join(facts.sources)} (or leave "
+            "--data_source unset to infer it)"
+        )
+    reader = READERS[source]
+    if source in _FILE_READERS:
+        return reader(dataset, path, training, files=files)
+    return reader(dataset, path, training)

@@ -3,14 +3,15 @@
 Record layouts (https://www.cs.toronto.edu/~kriz/cifar.html):
 
 * CIFAR-10  (`cifar-10-batches-bin/data_batch_*.bin`): 1 label byte, then
-  3072 pixel bytes.
+  3072 pixel bytes; the class names are in `batches.meta.txt`.
 * CIFAR-100 (`cifar-100-binary/train.bin`): 1 coarse label byte, 1 FINE label
   byte, then 3072 pixel bytes. We train on the fine label (byte 1); the Ray
-  example read byte 0, the coarse label, which is the bug not to repeat.
+  example read byte 0, the coarse label, which is the bug not to repeat. The
+  fine class names are in `fine_label_names.txt`.
 
 Pixels are three 32x32 planes, R then G then B, each row-major.
 
-Every file is checked before training starts: it must exist, hold a whole
+Every file is checked when the split is opened: it must exist, hold a whole
 number of records and carry labels inside the class range. Each problem is a
 `DataError` naming the file.
 """
@@ -22,11 +23,13 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from tf_resnet.data import pipeline
+from tf_resnet.data.facts import DATASETS
+from tf_resnet.data.split import Split
 from tf_resnet.errors import DataError
 
-IMAGE_SIZE = 32
-IMAGE_BYTES = IMAGE_SIZE * IMAGE_SIZE * 3
+# Every pickle of protocol 2 or later (all CIFAR python files) starts with
+# the PROTO opcode 0x80; a CIFAR binary starts with a label byte below 100.
+PICKLE_START = b"\x80"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,18 +37,30 @@ class RecordFormat:
     """Where the label sits in a fixed-length record."""
 
     name: str
-    num_classes: int
     label_offset: int
     label_bytes: int
+    names_file: str
+
+    @property
+    def num_classes(self):
+        return DATASETS[self.name].num_classes
 
     @property
     def record_bytes(self):
-        return self.label_bytes + IMAGE_BYTES
+        size = DATASETS[self.name].image_size
+        return self.label_bytes + size * size * 3
 
 
 FORMATS = {
-    "cifar10": RecordFormat("cifar10", 10, label_offset=0, label_bytes=1),
-    "cifar100": RecordFormat("cifar100", 100, label_offset=1, label_bytes=2),
+    "cifar10": RecordFormat(
+        "cifar10", label_offset=0, label_bytes=1, names_file="batches.meta.txt"
+    ),
+    "cifar100": RecordFormat(
+        "cifar100",
+        label_offset=1,
+        label_bytes=2,
+        names_file="fine_label_names.txt",
+    ),
 }
 
 
@@ -57,6 +72,12 @@ def list_files(file_pattern):
     if not files:
         raise DataError(f"{file_pattern}: no file matches this pattern")
     return sorted(files)
+
+
+def starts_like_pickle(path):
+    """Whether the file at `path` starts like a python pickle."""
+    with open(path, "rb") as stream:
+        return stream.read(len(PICKLE_START)) == PICKLE_START
 
 
 def validate_files(files, fmt):
@@ -77,7 +98,7 @@ def validate_files(files, fmt):
             raise DataError(
                 f"{path}: {size} bytes is not a whole number of "
                 f"{fmt.record_bytes}-byte {fmt.name} records"
-                f"{_format_hint(size, fmt)}"
+                f"{_format_hint(path, size, fmt)}"
             )
         records = np.memmap(path, dtype=np.uint8, mode="r")
         labels = records.reshape(-1, fmt.record_bytes)[:, fmt.label_offset]
@@ -86,14 +107,19 @@ def validate_files(files, fmt):
             raise DataError(
                 f"{path}: record {bad[0]} has label {labels[bad[0]]}, outside "
                 f"[0, {fmt.num_classes}) for {fmt.name}"
-                f"{_format_hint(size, fmt)}"
+                f"{_format_hint(path, size, fmt)}"
             )
         total += size // fmt.record_bytes
     return total
 
 
-def _format_hint(size, fmt):
-    """Suggests the other CIFAR format when the file fits it."""
+def _format_hint(path, size, fmt):
+    """Suggests the format the file seems to be in instead."""
+    if starts_like_pickle(path):
+        return (
+            " (it starts like a python pickle: leave --data_source unset or "
+            "pass --data_source=pickle)"
+        )
     for other in FORMATS.values():
         if other is not fmt and size % other.record_bytes == 0:
             return (
@@ -103,31 +129,53 @@ def _format_hint(size, fmt):
     return ""
 
 
+def read_class_names(folder, fmt):
+    """Class names from the text file next to the data, or `None`."""
+    path = os.path.join(folder, fmt.names_file)
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as stream:
+        names = [line.strip() for line in stream if line.strip()]
+    if len(names) != fmt.num_classes:
+        raise DataError(
+            f"{path}: lists {len(names)} class names, {fmt.name} has "
+            f"{fmt.num_classes}"
+        )
+    return names
+
+
 def _decode_batch(records, fmt):
     """Raw record strings `[B]` -> uint8 images `[B,32,32,3]`, labels `[B]`."""
+    size = DATASETS[fmt.name].image_size
     raw = tf.io.decode_raw(records, tf.uint8)
     labels = raw[:, fmt.label_offset]
-    planes = tf.reshape(raw[:, fmt.label_bytes :], [-1, 3, 32, 32])
+    planes = tf.reshape(raw[:, fmt.label_bytes :], [-1, 3, size, size])
     return tf.transpose(planes, [0, 2, 3, 1]), labels
 
 
-def build(dataset, file_pattern, training, batch_size, **options):
-    """`tf.data.Dataset` of CIFAR binary records; see `data.build_dataset`."""
-    fmt = FORMATS[dataset]
-    files = list_files(file_pattern)
-    validate_files(files, fmt)
-    elements = tf.data.FixedLengthRecordDataset(files, fmt.record_bytes)
-    options.setdefault("cache", True)
-    return pipeline.make_image_pipeline(
-        elements,
-        native_size=IMAGE_SIZE,
-        training=training,
-        batch_size=batch_size,
-        to_images=lambda records: _decode_batch(records, fmt),
-        **options,
-    )
+class BinarySplit(Split):
+    """CIFAR binary files; the records (150 MB for CIFAR-10) are cached."""
 
+    source = "binary"
+    cache_by_default = True
 
-def num_examples(dataset, file_pattern):
-    """Records in the files matching `file_pattern` (validated)."""
-    return validate_files(list_files(file_pattern), FORMATS[dataset])
+    def __init__(self, dataset_name, path, training, *, files=None):
+        self.format = FORMATS[dataset_name]
+        self.files = files or list_files(path)
+        super().__init__(
+            dataset_name,
+            path,
+            training,
+            num_examples=validate_files(self.files, self.format),
+            class_names=read_class_names(
+                os.path.dirname(self.files[0]), self.format
+            ),
+        )
+
+    def elements(self):
+        return tf.data.FixedLengthRecordDataset(
+            self.files, self.format.record_bytes
+        )
+
+    def decode_batch(self, batch):
+        return _decode_batch(batch, self.format)

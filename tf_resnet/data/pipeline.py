@@ -1,10 +1,10 @@
 """The tf.data pipeline shared by every data source.
 
-A source hands over a dataset of *elements* in file order (raw CIFAR records,
-or image paths with labels) plus two functions: `element_fn` decodes one
-element before batching (JPEG decoding), `batch_fn` turns a batch into
-`(images float32 [B, H, W, 3], labels int32 [B])`. This module adds the parts
-that must be the same for every source:
+A `Split` hands over a dataset of *elements* in file order (raw CIFAR
+records, or image paths with labels) plus two functions: `element_fn`
+decodes one element before batching (JPEG decoding), `batch_fn` turns a
+batch into `(images float32 [B, H, W, 3], labels int32 [B])`. This module
+adds the parts that must be the same for every source:
 
 * sharding (one shard per Horovod rank or tf.distribute input pipeline);
 * a seeded shuffle and stateless, per-batch-seeded augmentation, so the
@@ -16,8 +16,6 @@ that must be the same for every source:
 
 import tensorflow as tf
 
-from tf_resnet.data import preprocessing
-
 AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -27,12 +25,8 @@ def make_pipeline(
     *,
     training,
     batch_size,
+    options,
     element_fn=None,
-    seed=0,
-    start_step=0,
-    num_shards=1,
-    shard_index=0,
-    shuffle_buffer=10_000,
     cache=False,
 ):
     """Builds the input pipeline around a source's elements.
@@ -45,91 +39,43 @@ def make_pipeline(
       training: shuffle, repeat forever and augment; otherwise every element
         exactly once, in order, with a final partial batch.
       batch_size: examples per batch of this pipeline (per replica/rank).
+      options: `InputOptions`; this function uses `seed`, `start_step`,
+        `num_shards`, `shard_index` and `shuffle_buffer`.
       element_fn: optional per-element decoder applied before batching.
-      seed: seed of the shuffle and of the augmentation.
-      start_step: training batches to skip (the step a run resumes at).
-      num_shards: number of input pipelines reading disjoint shards.
-      shard_index: which shard this pipeline reads.
-      shuffle_buffer: elements in the shuffle buffer.
       cache: keep the undecoded elements in memory after the first epoch.
 
     Returns:
       A `tf.data.Dataset` of `(images, labels)` batches.
     """
     ds = elements
-    if num_shards > 1:
-        ds = ds.shard(num_shards, shard_index)
+    if options.num_shards > 1:
+        ds = ds.shard(options.num_shards, options.shard_index)
     if cache:
         ds = ds.cache()
     if training:
         ds = ds.shuffle(
-            shuffle_buffer, seed=seed, reshuffle_each_iteration=True
+            options.shuffle_buffer,
+            seed=options.seed,
+            reshuffle_each_iteration=True,
         )
         ds = ds.repeat()
-        if start_step:
-            ds = ds.skip(start_step * batch_size)
-    options = tf.data.Options()
-    options.deterministic = True
-    ds = ds.with_options(options)
+        if options.start_step:
+            ds = ds.skip(options.start_step * batch_size)
+    deterministic = tf.data.Options()
+    deterministic.deterministic = True
+    ds = ds.with_options(deterministic)
     if element_fn is not None:
         ds = ds.map(element_fn, num_parallel_calls=AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=training)
     if training:
-        base_seed = tf.constant([seed, shard_index], tf.int64)
-        ds = ds.enumerate(start=start_step).map(
+        base_seed = tf.constant([options.seed, options.shard_index], tf.int64)
+        ds = ds.enumerate(start=options.start_step).map(
             lambda step, batch: batch_fn(batch, _batch_seed(base_seed, step)),
             num_parallel_calls=AUTOTUNE,
         )
     else:
         ds = ds.map(lambda batch: batch_fn(batch, None), AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
-
-
-def make_image_pipeline(
-    elements,
-    *,
-    native_size,
-    training,
-    batch_size,
-    to_images=None,
-    default_pad=4,
-    **options,
-):
-    """`make_pipeline` with the standard image finish of every source.
-
-    Training batches are padded by `pad` (option, default `default_pad`),
-    randomly cropped and flipped; all batches are standardised per image and
-    resized when the `image_size` option differs from `native_size`.
-
-    Args:
-      elements: as for `make_pipeline`.
-      native_size: side length of the source's images.
-      training: as for `make_pipeline`.
-      batch_size: as for `make_pipeline`.
-      to_images: `fn(batch) -> (images, labels)` for batches that are not
-        already dicts with `image` and `label`.
-      default_pad: crop padding when the `pad` option is absent.
-      **options: `image_size`, `pad`, and the options of `make_pipeline`.
-
-    Returns:
-      A `tf.data.Dataset` of `(images float32, labels int32)` batches.
-    """
-    image_size = options.pop("image_size", None)
-    if image_size == native_size:
-        image_size = None
-    pad = options.pop("pad", default_pad)
-    if to_images is None:
-        to_images = lambda batch: (batch["image"], batch["label"])  # noqa: E731
-
-    def batch_fn(batch, seed):
-        images, labels = to_images(batch)
-        return preprocessing.finish_batch(
-            images, labels, seed, pad=pad, image_size=image_size
-        )
-
-    return make_pipeline(
-        elements, batch_fn, training=training, batch_size=batch_size, **options
-    )
 
 
 def _batch_seed(base_seed, step):

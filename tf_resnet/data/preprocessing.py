@@ -5,6 +5,10 @@ window, flipped left-right with probability 1/2 and standardised each image.
 Here the same is done on a whole batch at once with stateless random ops
 (one gather instead of B `random_crop` calls), so augmentation is cheap and
 reproducible from the batch seed.
+
+Normalisation is per image by default, as in the classic example; the
+per-channel dataset statistics (`normalization="dataset"`) are what
+torchvision-based recipes and ImageNet weights expect.
 """
 
 import tensorflow as tf
@@ -43,16 +47,21 @@ def standardize(images):
     return tf.image.per_image_standardization(images)
 
 
-def finish_batch(images, labels, seed, *, pad, image_size=None):
-    """Augments (when `seed` is given), standardises and resizes a batch.
+def finish_batch(
+    images, labels, seed, *, pad, image_size=None, mean=None, std=None
+):
+    """Augments (when `seed` is given), normalises and resizes a batch.
 
     Args:
-      images: uint8 or float `[B, H, W, 3]`.
+      images: uint8 or float `[B, H, W, 3]`, pixel values 0-255.
       labels: int `[B]`.
       seed: stateless seed `[2]` for training, `None` for evaluation.
       pad: padding of the random crop.
       image_size: optional output side length (e.g. 224 for ImageNet
         weights); `None` keeps the native size.
+      mean: per-channel mean `[3]` on the 0-255 scale; with `std`,
+        `(x - mean) / std` replaces the per-image standardisation.
+      std: per-channel standard deviation `[3]`, same scale.
 
     Returns:
       `(images float32 [B, S, S, 3], labels int32 [B])`.
@@ -60,7 +69,7 @@ def finish_batch(images, labels, seed, *, pad, image_size=None):
     images = tf.cast(images, tf.float32)
     if seed is not None:
         images = random_pad_crop_flip(images, seed, pad)
-    images = standardize(images)
+    images = standardize(images) if mean is None else (images - mean) / std
     if image_size is not None:
         images = tf.image.resize(images, [image_size, image_size])
     return images, tf.cast(labels, tf.int32)

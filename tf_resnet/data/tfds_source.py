@@ -13,17 +13,17 @@ them in the order they are stored. The decoded uint8 images are cached in
 memory (150 MB for CIFAR-10) like the binary reader's records, so PNG
 decoding happens once.
 
-`tensorflow_datasets` is imported only when this source is used: it is slow
-to import and other sources do not need it.
+This source is never inferred: `--data_source=tfds` must be asked for.
+`tensorflow_datasets` is imported only when it is: it is slow to import
+and other sources do not need it.
 """
 
 import tensorflow as tf
 
-from tf_resnet.data import pipeline
+from tf_resnet.data.split import Split
 from tf_resnet.errors import DataError
 
 SPLITS = {True: "train", False: "test"}
-IMAGE_SIZE = 32
 
 
 def _builder(dataset, data_dir):
@@ -41,11 +41,14 @@ def _not_prepared(dataset, data_dir, detail):
     )
 
 
-def load_split(dataset, data_dir, training):
-    """`tf.data.Dataset` of `{"image", "label"}` in stored order."""
+def load_split(builder, data_dir, training):
+    """`tf.data.Dataset` of `{"image", "label"}` in stored order.
+
+    Raises:
+      DataError: the split is not prepared in `data_dir`.
+    """
     import tensorflow_datasets as tfds  # Slow; only for this source.
 
-    builder = _builder(dataset, data_dir)
     read_config = tfds.ReadConfig(
         interleave_cycle_length=1, try_autocache=False
     )
@@ -57,7 +60,7 @@ def load_split(dataset, data_dir, training):
             read_config=read_config,
         )
     except (AssertionError, KeyError, ValueError) as error:
-        raise _not_prepared(dataset, data_dir, error) from error
+        raise _not_prepared(builder.name, data_dir, error) from error
     return examples.map(
         lambda image, label: {
             "image": image,
@@ -66,23 +69,31 @@ def load_split(dataset, data_dir, training):
     )
 
 
-def build(dataset, data_dir, training, batch_size, **options):
-    """`tf.data.Dataset` of a prepared TFDS split; see `data.build_dataset`."""
-    elements = load_split(dataset, data_dir, training)
-    options.setdefault("cache", True)
-    return pipeline.make_image_pipeline(
-        elements,
-        native_size=IMAGE_SIZE,
-        training=training,
-        batch_size=batch_size,
-        **options,
-    )
+class TfdsSplit(Split):
+    """A split of a prepared TFDS dataset; its count and names come from it.
 
+    The decoded uint8 images are cached like the binary reader's records.
+    """
 
-def num_examples(dataset, data_dir):
-    """Examples of the prepared training split."""
-    splits = _builder(dataset, data_dir).info.splits
-    try:
-        return splits[SPLITS[True]].num_examples
-    except KeyError as error:
-        raise _not_prepared(dataset, data_dir, error) from error
+    source = "tfds"
+    cache_by_default = True
+
+    def __init__(self, dataset_name, data_dir, training):
+        self.builder = _builder(dataset_name, data_dir)
+        # Reading the split is what fails when it is not prepared; TFDS
+        # records its size, so the count reads no example.
+        count = int(load_split(self.builder, data_dir, training).cardinality())
+        if count < 0:
+            raise _not_prepared(
+                dataset_name, data_dir, "the split's size is unknown"
+            )
+        super().__init__(
+            dataset_name,
+            data_dir,
+            training,
+            num_examples=count,
+            class_names=list(self.builder.info.features["label"].names),
+        )
+
+    def elements(self):
+        return load_split(self.builder, self.path, self.training)

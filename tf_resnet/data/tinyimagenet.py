@@ -4,40 +4,41 @@ Layout of the root folder (`tiny-imagenet-200/`):
 
 * `train/<wnid>/images/*.JPEG`: the training images of one class;
 * `val/images/*.JPEG` with `val/val_annotations.txt`, one tab-separated
-  line per image: file name, wnid, bounding box.
+  line per image: file name, wnid, bounding box;
+* `words.txt`: `wnid<TAB>words` for all of ImageNet's wnids, which name the
+  classes (optional: without it the split has no class names).
 
 Classes are the SORTED wnid folder names of `train/`, so class indices are
 those of torchvision's `ImageFolder` (and of `wnids.txt` sorted), and a model
 trained here can be compared with one trained there. The validation split is
 read straight from the annotation file: nothing is moved or rewritten.
 
-`build` reads the training split when `training=True` and the validation
-split otherwise; both take the root folder as their data path.
+`FolderSplit` reads the training split when `training=True` and the
+validation split otherwise; both take the root folder as their data path.
 
-Every listed file is checked before training starts (JPEG start and end
+Every listed file is checked when the split is opened (JPEG start and end
 markers), so a broken download fails with a `DataError` naming the file
 instead of a decode error deep inside `tf.data` hours into a run. Only the
-first and last two bytes are read: on the 5,500-file sample the check costs
-0.03 s with the files in the page cache, 0.35 s from a cold disk.
+first and last two bytes are read, which keeps the check small next to
+the start-up of a run (bench/README.md, "Opening a split", has the
+numbers).
 """
 
 import os
 
 import tensorflow as tf
 
-from tf_resnet.data import pipeline
+from tf_resnet.data.facts import DATASETS
+from tf_resnet.data.split import Split
 from tf_resnet.errors import DataError
 
-IMAGE_SIZE = 64
-# 8 pixels is the CIFAR recipe's 4-of-32 scaled to 64x64: the same relative
-# shift (12.5%), so the augmentation is as strong as on CIFAR.
-DEFAULT_PAD = 8
+IMAGE_SIZE = DATASETS["tinyimagenet"].image_size
 _JPEG_START = b"\xff\xd8"
 _JPEG_END = b"\xff\xd9"
 _JPEG_SUFFIXES = (".jpeg", ".jpg")
 
 
-def class_names(root):
+def class_wnids(root):
     """Sorted wnid folder names of `root/train`: index = class label."""
     train = os.path.join(root, "train")
     if not os.path.isdir(root):
@@ -85,10 +86,10 @@ def check_jpeg(path):
         )
 
 
-def list_train(root):
+def list_train(root, wnids):
     """`(paths, labels)` of the training split, class by class, sorted."""
     paths, labels = [], []
-    for label, wnid in enumerate(class_names(root)):
+    for label, wnid in enumerate(wnids):
         folder = os.path.join(root, "train", wnid, "images")
         if not os.path.isdir(folder):
             raise DataError(
@@ -107,9 +108,9 @@ def list_train(root):
     return paths, labels
 
 
-def list_val(root):
+def list_val(root, wnids):
     """`(paths, labels)` of the validation split, in annotation-file order."""
-    class_to_idx = {wnid: i for i, wnid in enumerate(class_names(root))}
+    class_to_idx = {wnid: i for i, wnid in enumerate(wnids)}
     annotations = os.path.join(root, "val", "val_annotations.txt")
     if not os.path.isfile(annotations):
         raise DataError(
@@ -139,22 +140,22 @@ def list_val(root):
     return paths, labels
 
 
-def list_split(root, training):
-    """Lists and checks the files of one split; `(paths, labels)`."""
-    paths, labels = list_train(root) if training else list_val(root)
-    for path in paths:
-        check_jpeg(path)
-    return paths, labels
+def read_words(root, wnids):
+    """Names of `wnids` from `root/words.txt`, or `None` without the file.
 
-
-def info(dataset, root):
-    """Class count from the folders; see `data.dataset_info`."""
-    del dataset
-    from tf_resnet.data import DatasetInfo  # Avoids a circular import.
-
-    return DatasetInfo(
-        num_classes=len(class_names(root)), image_size=IMAGE_SIZE
-    )
+    A wnid missing from the file keeps its wnid as its name.
+    """
+    path = os.path.join(root, "words.txt")
+    if not os.path.isfile(path):
+        return None
+    wanted = set(wnids)
+    words = {}
+    with open(path, encoding="utf-8") as stream:
+        for line in stream:
+            wnid, _, text = line.rstrip("\n").partition("\t")
+            if wnid in wanted:
+                words[wnid] = text.strip() or wnid
+    return [words.get(wnid, wnid) for wnid in wnids]
 
 
 def decode_image(element):
@@ -174,30 +175,39 @@ def decode_image(element):
     return {"image": image, "label": element["label"]}
 
 
-def build(dataset, root, training, batch_size, **options):
-    """`tf.data.Dataset` of one split; see `data.build_dataset`."""
-    del dataset
-    paths, labels = list_split(root, training)
-    # No cache: the elements are paths. Caching decoded images (12 KB each,
-    # 1.2 GB for the 100k training images per pipeline) measured only 25%
-    # faster (8.9k vs 7.1k images/s on 2 cores), far above model speed.
-    options.setdefault("cache", False)
-    # Dicts, not tuples: tf.data would unpack a tuple into two arguments.
-    elements = tf.data.Dataset.from_tensor_slices(
-        {"path": paths, "label": tf.constant(labels, tf.int32)}
-    )
-    return pipeline.make_image_pipeline(
-        elements,
-        native_size=IMAGE_SIZE,
-        training=training,
-        batch_size=batch_size,
-        default_pad=DEFAULT_PAD,
-        element_fn=decode_image,
-        **options,
-    )
+class FolderSplit(Split):
+    """One split of a Tiny-ImageNet root folder, listed and checked once.
 
+    Its classes are the folders of `train/` (a sample may have fewer than
+    200). The elements are paths, decoded in parallel before batching. They
+    are not cached by default: caching the decoded images would hold 1.2 GB
+    per pipeline for the 100k training images, and decoding is already far
+    faster than the training step (bench/README.md, "Input pipeline").
+    """
 
-def num_examples(dataset, root):
-    """Training images under `root` (listed and checked)."""
-    del dataset
-    return len(list_split(root, training=True)[0])
+    source = "folder"
+    cache_by_default = False
+
+    def __init__(self, dataset_name, root, training):
+        wnids = class_wnids(root)
+        paths, labels = (list_train if training else list_val)(root, wnids)
+        for path in paths:
+            check_jpeg(path)
+        self.paths, self.labels = paths, labels
+        super().__init__(
+            dataset_name,
+            root,
+            training,
+            num_examples=len(paths),
+            num_classes=len(wnids),
+            class_names=read_words(root, wnids),
+        )
+
+    def elements(self):
+        # Dicts, not tuples: tf.data would unpack a tuple into two arguments.
+        return tf.data.Dataset.from_tensor_slices(
+            {"path": self.paths, "label": tf.constant(self.labels, tf.int32)}
+        )
+
+    def decode_element(self, element):
+        return decode_image(element)

@@ -83,7 +83,8 @@ def batch_norm(name=None, sync=False):
     `sync=True` all-reduces the batch statistics over the replicas of a
     `tf.distribute` strategy: every replica normalises with the statistics of
     the global batch, as a single device would. The layer runs TF's fused
-    kernel (1.4x faster training on CPU, see fused_batch_norm.py).
+    kernel, which trains faster on CPU (fused_batch_norm.py says why,
+    bench/README.md has the numbers).
     """
     return FusedBatchNormalization(
         momentum=BN_MOMENTUM, epsilon=BN_EPSILON, synchronized=sync, name=name
@@ -110,9 +111,8 @@ class ZeroPadShortcut(layers.Layer):
         """`x[:, ::s, ::s]`, computed as a 1x1 average pool with stride s.
 
         Same values and gradients, but the backward pass is a oneDNN
-        pooling kernel instead of TensorFlow's StridedSliceGrad scatter:
-        6.9 ms less per ResNet-20 step (bfloat16, batch 128; both
-        shortcuts), 1.07x on the step (bench/README.md).
+        pooling kernel instead of TensorFlow's StridedSliceGrad scatter,
+        which makes the step faster (bench/README.md has the numbers).
         """
         return keras.ops.average_pool(x, 1, self.strides, padding="valid")
 

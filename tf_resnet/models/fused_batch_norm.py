@@ -5,9 +5,9 @@ normalisation and their gradients are a dozen separate element-wise ops,
 each a pass over the activation, and under mixed precision it upcasts to
 float32 and back. TensorFlow's `FusedBatchNormV3` does the forward pass in
 one kernel and the backward pass in another (oneDNN on CPUs, cuDNN on
-GPUs), in bfloat16/float16 with float32 statistics. Measured on 2 CPU cores
-(bench/README.md, ResNet-20, batch 128): 1.45x the images/sec in float32,
-1.85x under mixed_bfloat16.
+GPUs), in bfloat16/float16 with float32 statistics, so far fewer passes
+over the activations: the training step is faster, most of all under mixed
+precision (bench/README.md has the measured speed-ups).
 
 `FusedBatchNormalization` is a drop-in subclass: the same variables, names,
 checkpoints and semantics (biased batch variance in the moving average,

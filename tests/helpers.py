@@ -1,0 +1,72 @@
+"""Helpers shared by the tests (fixtures stay in conftest.py).
+
+The scripts of the top-level `data/` folder are not a package (and would
+clash with `tf_resnet.data` as a bare `data`): `load_data_script` loads one
+by its path under the distinct module name `data_script_<name>`.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from tf_resnet.data import DATASETS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_data_script(name):
+    """The module of `data/<name>.py`, loaded once per process."""
+    module_name = f"data_script_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = os.path.join(ROOT, "data", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # Dataclasses look their module up.
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_cifar_records(path, dataset, count, seed=0, coarse_offset=3):
+    """Writes `count` random records; returns (images [N,32,32,3], labels).
+
+    CIFAR-100 records get a coarse label that differs from the fine one, so a
+    reader that takes the wrong byte fails the tests.
+    """
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
+    num_classes = DATASETS[dataset].num_classes
+    labels = rng.integers(0, num_classes, size=count, dtype=np.uint8)
+    planes = images.transpose(0, 3, 1, 2).reshape(count, -1)
+    if dataset == "cifar10":
+        header = labels[:, None]
+    else:
+        coarse = ((labels.astype(int) + coarse_offset) % 20).astype(np.uint8)
+        header = np.stack([coarse, labels], axis=1)
+    with open(path, "wb") as stream:
+        stream.write(np.concatenate([header, planes], axis=1).tobytes())
+    return images, labels
+
+
+def all_batches(dataset):
+    """Every `(images, labels)` batch of `dataset`, joined into two arrays."""
+    batches = list(dataset)
+    images = np.concatenate([images.numpy() for images, _ in batches])
+    labels = np.concatenate([labels.numpy() for _, labels in batches])
+    return images, labels
+
+
+def run_main(args, timeout=300, env=None):
+    """Runs resnet_main.py in a subprocess; returns the CompletedProcess."""
+    full_env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "resnet_main.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=ROOT,
+    )

@@ -1,0 +1,173 @@
+"""The reader interface: a `Split` is opened once and makes `tf.data` inputs.
+
+Opening a split lists and checks its files (each reader says what it
+checks), so bad data fails before training starts, once per process. The
+split then keeps what it found and builds any number of input pipelines
+from it (one per shard, or again when a run resumes) without touching the
+file system again.
+"""
+
+import abc
+import dataclasses
+
+from tf_resnet.data import pipeline, preprocessing
+from tf_resnet.data.facts import DATASETS
+from tf_resnet.errors import UserInputError
+
+NORMALIZATIONS = ("per_image", "dataset")
+
+
+@dataclasses.dataclass(frozen=True)
+class InputOptions:
+    """How one input pipeline reads a split.
+
+    Attributes:
+      seed: seed of the shuffle and of the augmentation.
+      start_step: training batches to skip (the step a run resumes at).
+      num_shards: input pipelines reading disjoint shards (Horovod ranks or
+        tf.distribute input pipelines).
+      shard_index: which shard this pipeline reads.
+      shuffle_buffer: elements in the training shuffle buffer.
+      image_size: side of the output images; `None` keeps the dataset's.
+      pad: zero padding of the training crop; `None`: the dataset's.
+      normalization: `per_image` standardises each image on its own (the
+        original example); `dataset` subtracts the dataset's per-channel
+        mean and divides by its std (`DatasetFacts.mean`/`std`).
+      cache: keep the undecoded elements in memory after the first epoch;
+        `None`: the reader's choice (records yes, JPEG paths and arrays
+        already in memory no).
+    """
+
+    seed: int = 0
+    start_step: int = 0
+    num_shards: int = 1
+    shard_index: int = 0
+    shuffle_buffer: int = 10_000
+    image_size: int | None = None
+    pad: int | None = None
+    normalization: str = "per_image"
+    cache: bool | None = None
+
+    def __post_init__(self):
+        if self.normalization not in NORMALIZATIONS:
+            raise UserInputError(
+                f"normalization={self.normalization!r}: expected one of "
+                f"{', '.join(NORMALIZATIONS)}"
+            )
+        if not 0 <= self.shard_index < self.num_shards:
+            raise UserInputError(
+                f"shard_index={self.shard_index} is not in "
+                f"[0, num_shards={self.num_shards})"
+            )
+
+
+DEFAULT_OPTIONS = InputOptions()
+
+
+class Split(abc.ABC):
+    """One split of one dataset in one on-disk format, listed and checked.
+
+    Attributes:
+      dataset_name: key of `DATASETS` (`cifar10`, ...).
+      source: the on-disk format (`binary`, `pickle`, `tfds`, `folder`).
+      path: the data path the split was opened from.
+      training: the training split (shuffled, repeated, augmented batches)
+        or the evaluation split (every example once, in file order).
+      num_examples: examples in the split.
+      num_classes: classes of the labels (for TinyImageNet: the class
+        folders found, which a sample may have fewer of than 200).
+      image_size: side length of the stored images.
+      class_names: label index -> name, when the files carry names.
+    """
+
+    source = ""
+    cache_by_default = False
+    # `fn(element) -> element` run on each element before batching, for
+    # readers whose elements need per-example work (JPEG decoding); the
+    # others batch raw elements, as decoding whole batches is cheaper.
+    decode_element = None
+
+    def __init__(
+        self,
+        dataset_name,
+        path,
+        training,
+        *,
+        num_examples,
+        class_names=None,
+        num_classes=None,
+    ):
+        self.dataset_name = dataset_name
+        self.facts = DATASETS[dataset_name]
+        self.path = path
+        self.training = training
+        self.num_examples = num_examples
+        self.num_classes = num_classes or self.facts.num_classes
+        self.image_size = self.facts.image_size
+        self.class_names = class_names
+
+    def __repr__(self):
+        kind = "training" if self.training else "evaluation"
+        return (
+            f"<{type(self).__name__} {self.dataset_name} {kind} split of "
+            f"{self.path!r}: {self.num_examples} examples, "
+            f"{self.num_classes} classes>"
+        )
+
+    @abc.abstractmethod
+    def elements(self):
+        """`tf.data.Dataset` of the undecoded examples, in file order."""
+
+    def decode_batch(self, batch):
+        """A batch of elements -> `(images [B, H, W, 3], labels [B])`."""
+        return batch["image"], batch["label"]
+
+    def dataset(self, batch_size, options=DEFAULT_OPTIONS):
+        """The input pipeline of this split.
+
+        Training: shuffled, repeated forever, augmented (pad, random crop,
+        flip); evaluation: every example exactly once, in file order, with
+        a final partial batch. Both are normalised and resized to
+        `options.image_size` when it differs from the stored size.
+
+        Args:
+          batch_size: examples per batch of this pipeline.
+          options: `InputOptions`.
+
+        Returns:
+          `tf.data.Dataset` of `(images float32 [B, H, W, 3],
+          labels int32 [B])`.
+        """
+        pad = self.facts.pad if options.pad is None else options.pad
+        image_size = options.image_size
+        if image_size == self.image_size:
+            image_size = None
+        mean = std = None
+        if options.normalization == "dataset":  # On the 0-255 pixel scale.
+            mean = tuple(255.0 * value for value in self.facts.mean)
+            std = tuple(255.0 * value for value in self.facts.std)
+        cache = options.cache
+        if cache is None:
+            cache = self.cache_by_default
+
+        def batch_fn(batch, seed):
+            images, labels = self.decode_batch(batch)
+            return preprocessing.finish_batch(
+                images,
+                labels,
+                seed,
+                pad=pad,
+                image_size=image_size,
+                mean=mean,
+                std=std,
+            )
+
+        return pipeline.make_pipeline(
+            self.elements(),
+            batch_fn,
+            training=self.training,
+            batch_size=batch_size,
+            options=options,
+            element_fn=self.decode_element,
+            cache=cache,
+        )
