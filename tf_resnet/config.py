@@ -335,21 +335,32 @@ def resolve(values, explicit):
     return config
 
 
-def load_saved(log_root):
-    """The flat fields of `log_root/config.json`, `None` if there is none."""
+def _read_saved(log_root):
+    """`(path, document)` of `log_root/config.json`; document None if none."""
     path = os.path.join(log_root, CONFIG_FILE)
     if not os.path.exists(path):
-        return None
+        return path, None
     try:
         with open(path, encoding="utf-8") as stream:
-            saved = json.load(stream)["config"]
+            return path, json.load(stream)
+    except (OSError, ValueError) as error:
+        raise UserInputError(f"{path}: unreadable ({error})") from None
+
+
+def load_saved(log_root):
+    """The flat fields of `log_root/config.json`, `None` if there is none."""
+    path, document = _read_saved(log_root)
+    if document is None:
+        return None
+    try:
+        saved = document["config"]
         return flatten(
             Config(
                 **{group: GROUPS[group](**saved[group]) for group in GROUPS},
                 preset=saved.get("preset"),
             )
         )
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError) as error:
         raise UserInputError(
             f"{path}: not a readable tf-resnet run configuration ({error}); "
             "move it away to start the run's configuration afresh"
@@ -358,14 +369,8 @@ def load_saved(log_root):
 
 def read_plan(log_root):
     """The step plan a training run saved in `log_root`, `None` if none."""
-    path = os.path.join(log_root, CONFIG_FILE)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as stream:
-            return json.load(stream).get("plan")
-    except (OSError, ValueError) as error:
-        raise UserInputError(f"{path}: unreadable ({error})") from None
+    _, document = _read_saved(log_root)
+    return None if document is None else document.get("plan")
 
 
 def save(config, plan, write_fn):

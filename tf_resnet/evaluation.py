@@ -138,12 +138,6 @@ class Evaluator:
     def close(self):
         self.writer.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 def continuous_eval(config, mode, model, epoch_of, split=None):
     """Evaluates every new checkpoint in `config.run.log_root`.

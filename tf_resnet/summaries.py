@@ -35,12 +35,6 @@ class ScalarWriter:
     def close(self):
         self.writer.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 class EvalWriter(ScalarWriter):
     """Evaluation events, with the tags of the original example."""

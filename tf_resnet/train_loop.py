@@ -384,7 +384,11 @@ def _train(config, mode, plan, split):
     if run.steps_per_run:
         run_until = min(run_until, step + run.steps_per_run)
     last_eval = {}
-    with _StopSignal() as stop, evaluator, writer:
+    with (
+        _StopSignal() as stop,
+        contextlib.closing(evaluator),
+        contextlib.closing(writer),
+    ):
         while step < run_until:
             progress.add(train_step(step, iterator))
             step += 1
