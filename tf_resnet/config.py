@@ -38,6 +38,9 @@ DISTRIBUTIONS = (
 HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
 SERVER_JOBS = ("ps", "worker")
 DTYPES = ("auto", "float32", "float64", "mixed_bfloat16", "mixed_float16")
+LR_SCHEDULES = ("step", "cosine", "onecycle")
+EVAL_TTA = ("none", "flip")
+NORMALIZATIONS = ("per_image", "dataset")
 # Variables of the process launchers that make a Horovod rank: horovodrun
 # (Gloo) sets HOROVOD_*, Open MPI OMPI_COMM_WORLD_*, MPICH/Intel MPI PMI_*.
 _RANK_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -54,6 +57,7 @@ class DataConfig:
     tfds_data_dir: str = ""
     image_size: int | None = None
     shuffle_buffer: int = 10_000
+    normalization: str = "per_image"
 
     def split_path(self, training):
         """The path a split is read from (TFDS reads one data dir)."""
@@ -72,6 +76,7 @@ class ModelConfig:
     stem: str | None = None
     dropout_rate: float | None = None
     pretrained: str = ""
+    zero_init_residual: bool = False
 
     @property
     def options(self):
@@ -81,21 +86,35 @@ class ModelConfig:
         options = {k: v for k, v in options.items() if v is not None}
         if self.sync_bn:
             options["sync_bn"] = True
+        if self.zero_init_residual:
+            options["zero_init_residual"] = True
         return options
 
 
 @dataclasses.dataclass
 class OptimConfig:
-    """Batch, learning-rate schedule and optimizer (the paper's by default)."""
+    """The training recipe: batch, schedule, optimizer, regularisation.
+
+    The defaults are the paper's recipe (`--recipe=paper`).
+    """
 
     batch_size: int = 128
     eval_batch_size: int = 0
     learning_rate: float = 0.1
+    lr_schedule: str = "step"
     lr_decay_fractions: tuple = (0.5, 0.75)
     lr_decay_rate: float = 0.1
     warmup_epochs: float = 0.0
+    final_lr_fraction: float = 0.0
     momentum: float = 0.9
+    nesterov: bool = False
     weight_decay: float = 1e-4
+    label_smoothing: float = 0.0
+    ema_decay: float = 0.0
+    eval_tta: str = "none"
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    cutout_size: int = 0
     freeze_backbone_epochs: float = 0.0
     backbone_lr_multiplier: float = 1.0
 
@@ -198,6 +217,7 @@ class Config:
     )
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
     preset: str | None = None
+    recipe: str = "paper"
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -217,7 +237,8 @@ FIELD_GROUP = {
     for group, cls in GROUPS.items()
     for field in dataclasses.fields(cls)
 }
-FIELD_NAMES = (*FIELD_GROUP, "preset")
+TOP_LEVEL = ("preset", "recipe")
+FIELD_NAMES = (*FIELD_GROUP, *TOP_LEVEL)
 # What a resumed run, the eval job and export take from the saved config:
 # what defines the model and its training, not where or how this process
 # runs (distribution, runtime) nor what it is asked to do now.
@@ -231,9 +252,16 @@ CARRIED = frozenset(
         "seed",
         "eval_every_steps",
         "checkpoint_every_steps",
-        "preset",
+        *TOP_LEVEL,
     ]
 ) - {"eval_data_path", "eval_batch_size"}
+
+# Groups of recipe fields, set by `--recipe`; docs/recipes.md says why.
+RECIPES = {
+    # The paper's: step decay /10 at 50% and 75%, wd 1e-4, per-image
+    # standardisation. The field defaults; bit-for-bit the original.
+    "paper": {},
+}
 
 # Starting points for the course's assignments; docs/recipes.md says why.
 PRESETS = {
@@ -280,20 +308,19 @@ def make_config(**values):
       TypeError: a name that is no field.
     """
     groups = {group: {} for group in GROUPS}
-    preset = values.pop("preset", None)
+    top = {name: values.pop(name) for name in TOP_LEVEL if name in values}
     for name, value in values.items():
         if name not in FIELD_GROUP:
             raise TypeError(f"unknown config field {name!r}")
         groups[FIELD_GROUP[name]][name] = value
     return Config(
-        **{group: GROUPS[group](**groups[group]) for group in GROUPS},
-        preset=preset,
+        **{group: GROUPS[group](**groups[group]) for group in GROUPS}, **top
     )
 
 
 def flatten(config):
     """`{field name: value}` of a `Config` (the inverse of `make_config`)."""
-    flat = {"preset": config.preset}
+    flat = {name: getattr(config, name) for name in TOP_LEVEL}
     for group in GROUPS:
         flat.update(dataclasses.asdict(getattr(config, group)))
     return flat
@@ -326,6 +353,16 @@ def resolve(values, explicit):
     saved = load_saved(values.get("log_root") or RunConfig.log_root)
     if saved is not None:
         layers.append({k: v for k, v in saved.items() if k in CARRIED})
+    # The recipe is a layer under all others; which one is itself layered.
+    recipe = values.get("recipe") or "paper"
+    if "recipe" not in explicit:
+        for layer in layers:
+            recipe = layer.get("recipe", recipe)
+    if recipe not in RECIPES:
+        raise UserInputError(
+            f"unknown --recipe={recipe}; known: {', '.join(RECIPES)}"
+        )
+    layers.insert(0, {**RECIPES[recipe], "recipe": recipe})
     for layer in layers:
         for name, value in layer.items():
             if name not in explicit:
@@ -357,7 +394,7 @@ def load_saved(log_root):
         return flatten(
             Config(
                 **{group: GROUPS[group](**saved[group]) for group in GROUPS},
-                preset=saved.get("preset"),
+                **{name: saved[name] for name in TOP_LEVEL if name in saved},
             )
         )
     except (ValueError, KeyError, TypeError) as error:
@@ -476,6 +513,7 @@ def validate(config):
             f"unknown --dtype={config.runtime.dtype}; known: "
             f"{', '.join(DTYPES)}"
         )
+    _check_choices(config)
     if not dist.is_server_task:
         _check_data(data, run)
     if optim.batch_size <= 0:
@@ -506,6 +544,33 @@ def validate(config):
             f"{who} fine-tunes ImageNet weights: pass --pretrained=PATH "
             "(e.g. torchvision's resnet18-f37072fd.pth)"
         )
+
+
+def _check_choices(config):
+    optim = config.optim
+    for name, value, choices in (
+        ("lr_schedule", optim.lr_schedule, LR_SCHEDULES),
+        ("eval_tta", optim.eval_tta, EVAL_TTA),
+        ("normalization", config.data.normalization, NORMALIZATIONS),
+    ):
+        if value not in choices:
+            raise UserInputError(
+                f"unknown --{name}={value}; known: {', '.join(choices)}"
+            )
+    for name, inside, interval in (
+        ("label_smoothing", lambda v: 0 <= v < 1, "[0, 1)"),
+        ("ema_decay", lambda v: 0 <= v < 1, "[0, 1)"),
+        ("final_lr_fraction", lambda v: 0 <= v <= 1, "[0, 1]"),
+    ):
+        if not inside(getattr(optim, name)):
+            raise UserInputError(
+                f"--{name}={getattr(optim, name)}: must be in {interval}"
+            )
+    for name in ("mixup_alpha", "cutmix_alpha", "cutout_size"):
+        if getattr(optim, name) < 0:
+            raise UserInputError(
+                f"--{name}={getattr(optim, name)}: must not be negative"
+            )
 
 
 def _check_data(data, run):

@@ -163,6 +163,64 @@ def define_training_flags():
     flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on kernels.")
 
 
+def define_recipe_flags():
+    """The training recipe beyond the paper's (docs/recipes.md)."""
+    flags.DEFINE_enum(
+        "recipe",
+        "paper",
+        sorted(config_lib.RECIPES),
+        "A group of the recipe flags below: paper (the original step "
+        "schedule) or fast (short budgets). Flags given explicitly win.",
+    )
+    flags.DEFINE_enum(
+        "lr_schedule",
+        "step",
+        list(config_lib.LR_SCHEDULES),
+        "step: /--lr_decay_rate at --lr_decay_fractions; cosine; onecycle "
+        "(linear up over --warmup_epochs, linear down). All end at "
+        "--final_lr_fraction of the peak (cosine, onecycle).",
+    )
+    flags.DEFINE_float(
+        "final_lr_fraction",
+        0.0,
+        "cosine/onecycle: the rate at the last step, as a fraction of peak.",
+    )
+    flags.DEFINE_bool("nesterov", False, "Nesterov momentum.")
+    flags.DEFINE_float(
+        "label_smoothing", 0.0, "Label smoothing of the training loss."
+    )
+    flags.DEFINE_float(
+        "ema_decay",
+        0.0,
+        "Exponential moving average of the weights and BN statistics with "
+        "this decay (0: off); evaluated and exported instead of the raw "
+        "weights.",
+    )
+    flags.DEFINE_enum(
+        "eval_tta",
+        "none",
+        list(config_lib.EVAL_TTA),
+        "Test-time augmentation: flip = mean of the logits of the image and "
+        "its mirror (evaluation and export).",
+    )
+    flags.DEFINE_enum(
+        "normalization",
+        "per_image",
+        list(config_lib.NORMALIZATIONS),
+        "per_image standardisation, or the dataset's per-channel mean/std.",
+    )
+    flags.DEFINE_float("mixup_alpha", 0.0, "Mixup Beta(alpha, alpha); 0: off.")
+    flags.DEFINE_float(
+        "cutmix_alpha", 0.0, "CutMix Beta(alpha, alpha); 0: off."
+    )
+    flags.DEFINE_integer("cutout_size", 0, "Cutout square side; 0: off.")
+    flags.DEFINE_bool(
+        "zero_init_residual",
+        False,
+        "Initialise the last BatchNorm gamma of each residual block at 0.",
+    )
+
+
 def define_performance_flags():
     """Speed settings; bench/README.md has the measurements behind them."""
     flags.DEFINE_enum(
@@ -286,6 +344,7 @@ def define_all():
     define_data_flags()
     define_run_flags()
     define_training_flags()
+    define_recipe_flags()
     define_finetune_flags()
     define_distribution_flags()
     define_performance_flags()

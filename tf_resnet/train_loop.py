@@ -42,7 +42,12 @@ class TrainingDiverged(RuntimeError):
 
 @dataclasses.dataclass
 class RunPlan:
-    """Step counts derived from the data size and the config."""
+    """Step counts derived from the training split and the config.
+
+    Saved in `config.json` with the config, together with what the model
+    learned to output (class count, names, input size), so the eval job
+    and export need neither the training data nor its flags.
+    """
 
     num_train_examples: int
     steps_per_epoch: int
@@ -50,6 +55,9 @@ class RunPlan:
     eval_every_steps: int
     checkpoint_every_steps: int
     warmup_steps: int
+    num_classes: int
+    image_size: int
+    class_names: list | None = None
 
 
 def open_split(config, training):
@@ -62,9 +70,10 @@ def open_split(config, training):
     )
 
 
-def plan_run(config, num_train):
-    """Derives step counts from the size of the training split."""
+def plan_run(config, split):
+    """Derives step counts from the opened training split."""
     run = config.run
+    num_train = split.num_examples
     steps_per_epoch = max(1, num_train // config.optim.batch_size)
     if run.train_steps:
         total = run.train_steps
@@ -80,6 +89,9 @@ def plan_run(config, num_train):
         eval_every_steps=eval_every,
         checkpoint_every_steps=run.checkpoint_every_steps or eval_every,
         warmup_steps=round(config.optim.warmup_epochs * steps_per_epoch),
+        num_classes=split.num_classes,
+        image_size=config.data.image_size or split.image_size,
+        class_names=split.class_names,
     )
 
 
@@ -329,7 +341,7 @@ def train(config, mode):
       dict with the final `step` and last evaluation `precision`.
     """
     split = open_split(config, training=True)
-    plan = plan_run(config, split.num_examples)
+    plan = plan_run(config, split)
     if not mode.is_chief:
         return _train(config, mode, plan, split)
     check_writable(config.run.log_root)
@@ -451,6 +463,6 @@ def _epoch_of_step(config, step):
     if plan is None:
         if not config.data.train_data_path:
             return float("nan")
-        num_train = open_split(config, training=True).num_examples
-        plan = dataclasses.asdict(plan_run(config, num_train))
+        split = open_split(config, training=True)
+        plan = dataclasses.asdict(plan_run(config, split))
     return step / plan["steps_per_epoch"]
