@@ -44,6 +44,7 @@ def run_rank(spec):
     from tf_resnet import runtime, train_loop
     from tf_resnet.config import make_config
     from tf_resnet.distribute import make_mode
+    from tf_resnet.distribute.base import TrainState
 
     ranks = int(os.environ.get("HOROVOD_SIZE", "1"))
     data = common.DATA["cifar10"]
@@ -70,7 +71,7 @@ def run_rank(spec):
     optimizer = train_loop.build_optimizer(
         config, mode, model, total_steps=100_000
     )
-    mode.broadcast_initial_state(model, optimizer)
+    mode.broadcast_initial_state(TrainState(model, optimizer))
     step = mode.make_train_step(
         train_loop.make_replica_fn(model, optimizer, mode, config)
     )

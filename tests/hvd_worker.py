@@ -60,8 +60,9 @@ def observe_mode(mode, seen):
     """Wraps `mode.after_step` to keep the model and mark the first step."""
     after_step = mode.after_step
 
-    def after_step_and_observe(step, model, optimizer):
-        after_step(step, model, optimizer)
+    def after_step_and_observe(step, state):
+        after_step(step, state)
+        model, optimizer = state.model, state.optimizer
         if "model" not in seen:
             seen.update(model=model, optimizer=optimizer)
             np.savez(dump_path("first") + ".npz", *model.get_weights())

@@ -35,11 +35,11 @@ def first_line(error):
 class RunCheckpoints:
     """Saves and restores the model and optimizer of a run in `log_root`."""
 
-    def __init__(self, log_root, keep, mode, model, **objects):
+    def __init__(self, log_root, keep, mode, state):
         self.log_root = log_root
         self.mode = mode
-        self.model = model
-        self.checkpoint = tf.train.Checkpoint(model=model, **objects)
+        self.state = state
+        self.checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, log_root, max_to_keep=keep
         )
@@ -100,7 +100,7 @@ class RunCheckpoints:
           StorageError: the disk refused it; names the latest complete one.
           tf.errors.UnavailableError: a task of the cluster is gone.
         """
-        self.mode.synchronize(self.model)
+        self.mode.synchronize(self.state)
         if not self.mode.is_chief:
             return
         previous = self.manager.latest_checkpoint

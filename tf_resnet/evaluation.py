@@ -99,11 +99,11 @@ class Evaluator:
     `Precision` / `Best Precision` events.
     """
 
-    def __init__(self, config, mode, model, split=None):
+    def __init__(self, config, mode, state, split=None):
         self.mode = mode
-        self.model = model
+        self.state = state
         self.max_batches = config.run.eval_batch_count
-        self.step_fn = make_eval_step(model)
+        self.step_fn = make_eval_step(state.model)
         self.dataset = build_eval_dataset(config, mode, split)
         self.writer = summaries.EvalWriter(config.run.eval_dir, mode.is_chief)
         self.history = summaries.EvalHistory(
@@ -112,7 +112,7 @@ class Evaluator:
 
     def __call__(self, step, epoch):
         """Evaluates the model as it is now; returns the result dict."""
-        self.mode.synchronize(self.model)
+        self.mode.synchronize(self.state)
         start = time.time()
         result = evaluate(
             self.step_fn, self.dataset, self.mode, self.max_batches
@@ -139,7 +139,7 @@ class Evaluator:
         self.writer.close()
 
 
-def continuous_eval(config, mode, model, epoch_of, split=None):
+def continuous_eval(config, mode, state, epoch_of, split=None):
     """Evaluates every new checkpoint in `config.run.log_root`.
 
     `epoch_of(step)` gives the epoch of a checkpoint's step.
@@ -148,8 +148,8 @@ def continuous_eval(config, mode, model, epoch_of, split=None):
     has appeared for `eval_timeout_secs`.
     """
     run = config.run
-    checkpoint = tf.train.Checkpoint(model=model)
-    evaluator = Evaluator(config, mode, model, split)
+    checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
+    evaluator = Evaluator(config, mode, state, split)
     if run.eval_once:
         paths = [tf.train.latest_checkpoint(run.log_root)]
         if paths[0] is None:

@@ -25,6 +25,7 @@ from absl import logging
 from tf_resnet import config as config_lib
 from tf_resnet import data, evaluation, models, schedules, summaries
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
+from tf_resnet.distribute.base import TrainState
 from tf_resnet.models import pretrained
 
 
@@ -356,13 +357,14 @@ def _train(config, mode, plan, split):
     optimizer = build_optimizer(
         config, mode, model, plan.total_steps, plan.warmup_steps
     )
+    state = TrainState(model, optimizer)
     checkpoints = RunCheckpoints(
-        run.log_root, run.keep_checkpoints, mode, model, optimizer=optimizer
+        run.log_root, run.keep_checkpoints, mode, state
     )
     restored = checkpoints.restore()
     if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
         config_lib.save(config, plan, summaries.atomic_write)
-    mode.broadcast_initial_state(model, optimizer)
+    mode.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
     if restored:
         logging.info("resumed from %s at step %d", restored, step)
@@ -382,7 +384,7 @@ def _train(config, mode, plan, split):
         functools.partial(_training_dataset, split, config, step)
     )
     train_step = _TrainSteps(config, mode, model, optimizer, plan)
-    evaluator = evaluation.Evaluator(config, mode, model)
+    evaluator = evaluation.Evaluator(config, mode, state)
     writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
     progress = _Progress(
         mode,
@@ -404,7 +406,7 @@ def _train(config, mode, plan, split):
         while step < run_until:
             progress.add(train_step(step, iterator))
             step += 1
-            mode.after_step(step, model, optimizer)
+            mode.after_step(step, state)
             pause = step == run_until  # End of this run, maybe not of training.
             if step % run.log_every_steps == 0 or pause:
                 progress.log(step)
@@ -453,7 +455,11 @@ def evaluate_only(config, mode):
     split = open_split(config, training=False)
     model = build_model(config, mode, split)
     evaluation.continuous_eval(
-        config, mode, model, functools.partial(_epoch_of_step, config), split
+        config,
+        mode,
+        TrainState(model),
+        functools.partial(_epoch_of_step, config),
+        split,
     )
 
 

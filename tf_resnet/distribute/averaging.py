@@ -46,17 +46,17 @@ class AveragingMode(horovod_mode.HorovodMode):
         """Unchanged: every rank updates on its own gradients."""
         return grads
 
-    def after_step(self, step, model, optimizer):
+    def after_step(self, step, state):
         """Every `average_every` steps: weights, BN stats, slots to the mean."""
         if step % self.average_every == 0:
             horovod_mode.average_in_place(
-                horovod_mode.float_variables(
-                    model.variables + optimizer.variables
-                )
+                horovod_mode.float_variables(state.variables)
             )
 
-    def synchronize(self, model):
+    def synchronize(self, state):
         """Averages all weights: between averages they differ on each rank."""
         horovod_mode.average_in_place(
-            horovod_mode.float_variables(model.variables)
+            horovod_mode.float_variables(
+                [*state.model.variables, *state.averages]
+            )
         )

@@ -15,10 +15,54 @@ below and never asks which mode it runs under. A mode decides
 """
 
 import contextlib
+import dataclasses
 
 import tensorflow as tf
 
 from tf_resnet.errors import UserInputError
+
+
+@dataclasses.dataclass
+class TrainState:
+    """What training changes, handed to the mode as one object.
+
+    Attributes:
+      model: the Keras model (weights and BatchNorm moving statistics).
+      optimizer: its optimizer (step counter and slots).
+      ema: an `ema.ExponentialMovingAverage` of the model, or None.
+    """
+
+    model: object
+    optimizer: object = None
+    ema: object = None
+
+    @property
+    def variables(self):
+        """Every variable of the state: model, optimizer, averages."""
+        slots = self.optimizer.variables if self.optimizer else []
+        return [*self.model.variables, *slots, *self.averages]
+
+    @property
+    def local_variables(self):
+        """What each replica updates from its own data, not by gradients.
+
+        BatchNorm moving statistics and, with them, their averages.
+        """
+        return [*self.model.non_trainable_variables, *self.averages]
+
+    @property
+    def averages(self):
+        """The moving averages of the model's variables (none without EMA)."""
+        return list(self.ema.averages.values()) if self.ema else []
+
+    def checkpoint_objects(self):
+        """What a `tf.train.Checkpoint` of the state holds, by name."""
+        objects = {"model": self.model}
+        if self.optimizer is not None:
+            objects["optimizer"] = self.optimizer
+        if self.ema is not None:
+            objects["ema"] = self.ema
+        return objects
 
 
 class DistributionMode:
@@ -114,14 +158,14 @@ class DistributionMode:
         """Sums numpy values over processes (evaluation counts, metrics)."""
         return values
 
-    def broadcast_initial_state(self, model, optimizer):
-        """Makes every process start from the same weights and slots."""
+    def broadcast_initial_state(self, state):
+        """Makes every process start from the same `TrainState`."""
 
-    def after_step(self, step, model, optimizer):
+    def after_step(self, step, state):
         """Hook after each optimizer step (e.g. periodic weight averaging)."""
 
-    def synchronize(self, model):
-        """Makes every replica's copy of the model identical.
+    def synchronize(self, state):
+        """Makes every replica's copy of the `TrainState` identical.
 
         Called before evaluation and checkpointing. Modes whose replicas keep
         their own BatchNorm moving statistics average them here, so replicas

@@ -113,19 +113,17 @@ class HorovodMode(base.DistributionMode):
         """Sums numpy values (evaluation counts) over ranks."""
         return hvd.allreduce(tf.constant(values), op=hvd.Sum).numpy()
 
-    def broadcast_initial_state(self, model, optimizer):
-        """Rank 0's weights and slots win: fresh, or restored from a checkpoint.
+    def broadcast_initial_state(self, state):
+        """Rank 0's state wins: fresh, or restored from a checkpoint.
 
         The loop calls this after the restore, so a resumed run continues
         from the chief's checkpoint on every rank.
         """
-        hvd.broadcast_variables(
-            tf_variables(model.variables + optimizer.variables), root_rank=0
-        )
+        hvd.broadcast_variables(tf_variables(state.variables), root_rank=0)
 
-    def synchronize(self, model):
+    def synchronize(self, state):
         """Averages BN moving statistics; trainable weights already agree."""
-        average_in_place(float_variables(model.non_trainable_variables))
+        average_in_place(float_variables(state.local_variables))
 
     def shutdown(self):
         """Stops Horovod's background thread so the process can exit."""

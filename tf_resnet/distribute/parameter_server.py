@@ -257,9 +257,9 @@ class ParameterServerMode(base.DistributionMode):
     def fetch(self, value):
         return self.coordinator.fetch(value)
 
-    def synchronize(self, model):
+    def synchronize(self, state):
         """Waits for every scheduled step before evaluating or saving."""
-        del model
+        del state
         self.coordinator.join()
 
     def steps_per_worker(self):
