@@ -92,10 +92,15 @@ def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
     assert saved["config"]["optim"]["batch_size"] == 16
     steps_per_epoch = saved["plan"]["steps_per_epoch"]
     assert steps_per_epoch == 1000 // 16
-    # Resume with the run directory and a new length only: model, data and
-    # batch come from config.json.
+    # Resume with the run directory, a new length and the evaluation files
+    # (not carried): model, training data and batch come from config.json.
     resumed = run_main(
-        [f"--log_root={tmp_path}", "--train_steps=8", "--deterministic"]
+        [
+            f"--log_root={tmp_path}",
+            "--train_steps=8",
+            "--deterministic",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+        ]
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert re.search(r"resumed from \S+ckpt-6 at step 6\b", resumed.stderr)
@@ -113,8 +118,9 @@ def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
         ]
     )
     assert job.returncode == 0, job.stderr[-2000:]
-    with open(tmp_path / "eval.csv") as stream:
+    with open(tmp_path / "eval_job" / "eval.csv") as stream:
         rows = {r.split(",")[0]: r.split(",")[1] for r in stream}
+    assert list(rows) == ["step", "8"]  # The job's own history.
     assert float(rows["8"]) == pytest.approx(8 / steps_per_epoch, abs=1e-4)
 
 

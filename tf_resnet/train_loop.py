@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import signal
 import time
 
@@ -25,6 +26,7 @@ from absl import logging
 from tf_resnet import config as config_lib
 from tf_resnet import data, evaluation, models, schedules, summaries
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
+from tf_resnet.errors import UserInputError
 from tf_resnet.models import pretrained
 
 
@@ -362,6 +364,7 @@ def _train(config, mode, plan, split):
     restored = checkpoints.restore()
     if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
         config_lib.save(config, plan, summaries.atomic_write)
+        summaries.write_hparams(run.log_root, config_lib.flatten(config))
     mode.broadcast_initial_state(model, optimizer)
     step = int(optimizer.iterations.numpy())
     if restored:
@@ -448,8 +451,20 @@ def evaluate_only(config, mode):
 
     Needs no training data and builds no optimizer: the model's class
     count comes from the evaluation split and the epoch of a checkpoint
-    from the step plan the training run saved in `log_root`.
+    from the step plan the training run saved in `log_root`. Writes only
+    to `--eval_dir`, which must not be `log_root` itself: the training run
+    keeps its `eval.csv` and learning curve there.
+
+    Raises:
+      UserInputError: `--eval_dir` is `--log_root`.
     """
+    run = config.run
+    if os.path.realpath(run.eval_dir) == os.path.realpath(run.log_root):
+        raise UserInputError(
+            f"--eval_dir={run.eval_dir} is --log_root: the eval job writes "
+            "its eval.csv and learning curve in --eval_dir, and would "
+            "overwrite the training run's; give it a directory of its own"
+        )
     split = open_split(config, training=False)
     model = build_model(config, mode, split)
     evaluation.continuous_eval(
