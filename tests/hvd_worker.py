@@ -12,8 +12,10 @@
 * Observes the run without changing it, writing into `--dump_dir`:
   `pid_rank<r>.txt` and `first_rank<r>.npz` (weights) after the first step,
   `weights_rank<r>.npz` and `optimizer_rank<r>.npz` (step counter and
-  momentum slots) at the end, and one line per checkpoint written by this
-  rank in `saves_rank<r>.txt`.
+  momentum slots) at the end, one line per checkpoint written by this
+  rank in `saves_rank<r>.txt`, and one line per file it wrote through
+  `summaries.atomic_write` (CSVs, plots, config.json) in
+  `writes_rank<r>.txt`.
 """
 
 import functools
@@ -29,7 +31,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 import resnet_main  # noqa: E402
-from tf_resnet import models  # noqa: E402
+from tf_resnet import models, summaries  # noqa: E402
 from tf_resnet.models import cifar_resnet  # noqa: E402
 
 flags.DEFINE_string("dump_dir", "", "Where each rank writes what it observed.")
@@ -88,6 +90,17 @@ def observe_checkpoints():
     tf.train.CheckpointManager.save = save_and_observe
 
 
+def observe_writes():
+    atomic_write = summaries.atomic_write
+
+    def atomic_write_and_observe(path, *args, **kwargs):
+        atomic_write(path, *args, **kwargs)
+        with open(dump_path("writes") + ".txt", "a") as stream:
+            stream.write(f"{path}\n")
+
+    summaries.atomic_write = atomic_write_and_observe
+
+
 def run(argv):
     seen = {}
     make_mode = resnet_main.make_mode
@@ -99,6 +112,7 @@ def run(argv):
 
     resnet_main.make_mode = make_observed_mode
     observe_checkpoints()
+    observe_writes()
     code = resnet_main.run(argv)
     if "model" in seen:
         np.savez(dump_path("weights") + ".npz", *seen["model"].get_weights())

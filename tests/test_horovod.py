@@ -192,3 +192,59 @@ def test_sync_bn_is_refused_under_horovod():
     assert "--sync_bn is not supported with --distribution=horovod" in (
         proc.stderr
     )
+
+
+def test_eval_job_on_two_ranks_equals_one_process_and_only_rank_0_writes():
+    """The eval job's counts, confusion matrix included, sum over ranks."""
+    (trained,) = horovod_runs.equivalence_runs(Spec("default"))
+    log_root = os.path.join(trained.dump_dir, "log")
+    one = pathlib.Path(horovod_runs.new_dir("eval_one"))
+    two = pathlib.Path(horovod_runs.new_dir("eval_two"))
+
+    def eval_job(eval_dir, distribution):
+        return [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={log_root}",  # Wins over the worker's own.
+            f"--eval_dir={eval_dir}",
+            f"--eval_data_path={horovod_runs.equivalence_data()['test']}",
+            f"--distribution={distribution}",
+            "--dtype=float32",
+        ]
+
+    one_run, two_run = horovod_runs.run_workers(
+        (eval_job(one, "default"), None), (eval_job(two, "horovod"), 2)
+    )
+    # 32 test records, 16 per rank: both ranks log the summed count.
+    assert two_run.output.count("over 32 examples") == 2, two_run.output
+    matrix = (one / "confusion_matrix.csv").read_text()
+    assert matrix == (two / "confusion_matrix.csv").read_text()
+    counts = [
+        [int(v) for v in line.split(",")[1:]]
+        for line in matrix.splitlines()[1:]
+    ]
+    assert np.shape(counts) == (10, 10) and np.sum(counts) == 32
+    per_class = (one / "per_class.csv").read_text()
+    assert per_class == (two / "per_class.csv").read_text()
+    header, *rows = (one / "eval.csv").read_text().splitlines()
+    header2, *rows2 = (two / "eval.csv").read_text().splitlines()
+    columns = "step,epoch,precision,best_precision,loss,precision_at_5"
+    assert header == header2 == columns
+    assert len(rows) == len(rows2) == 1 and rows[0].startswith("6,")
+    np.testing.assert_allclose(
+        np.float64(rows[0].split(",")), np.float64(rows2[0].split(",")), 1e-5
+    )
+    # Only the chief writes: files (observed by the worker) and events.
+    dump = pathlib.Path(two_run.dump_dir)
+    written = (dump / "writes_rank0.txt").read_text().split()
+    assert sorted(os.path.basename(path) for path in written) == [
+        "confusion_matrix.csv",
+        "confusion_matrix.png",
+        "eval.csv",
+        "learning_curve.png",
+        "per_class.csv",
+    ]
+    assert not (dump / "writes_rank1.txt").exists()
+    events = [p for p in os.listdir(two) if p.startswith("events.out")]
+    assert len(events) == 1, events
+    assert (pathlib.Path(one_run.dump_dir) / "writes_rank0.txt").exists()

@@ -113,8 +113,9 @@ def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
         ]
     )
     assert job.returncode == 0, job.stderr[-2000:]
-    with open(tmp_path / "eval.csv") as stream:
+    with open(tmp_path / "eval_job" / "eval.csv") as stream:
         rows = {r.split(",")[0]: r.split(",")[1] for r in stream}
+    assert list(rows) == ["step", "8"]  # The job's own history.
     assert float(rows["8"]) == pytest.approx(8 / steps_per_epoch, abs=1e-4)
 
 

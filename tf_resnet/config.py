@@ -254,7 +254,7 @@ CARRIED = frozenset(
         "checkpoint_every_steps",
         *TOP_LEVEL,
     ]
-) - {"eval_data_path", "eval_batch_size"}
+)
 
 # Groups of recipe fields, set by `--recipe`; docs/recipes.md says why.
 RECIPES = {
@@ -503,6 +503,14 @@ def validate(config):
         raise UserInputError(f"--mode={run.mode}: expected train or eval")
     if run.eval_once and run.mode != "eval":
         raise UserInputError("--eval_once only makes sense with --mode=eval")
+    if run.mode == "eval" and os.path.realpath(
+        run.eval_dir
+    ) == os.path.realpath(run.log_root):
+        raise UserInputError(
+            f"--eval_dir={run.eval_dir} is --log_root: the eval job writes "
+            "its eval.csv and learning curve in --eval_dir, and would "
+            "overwrite the training run's; give it a directory of its own"
+        )
     if dist.distribution not in DISTRIBUTIONS:
         raise UserInputError(
             f"unknown --distribution={dist.distribution}; known: "

@@ -3,68 +3,114 @@
 `evaluate` runs the model in inference mode over this process's shard of
 the test set and sums the counts over all processes of the mode, so every
 Horovod rank takes part (no rank-0-only evaluation that deadlocks the
-others) and the result covers every record exactly once.
+others) and the result covers every record exactly once. The counts are
+top-1 and top-5 hits, the loss and the confusion matrix, all summed in one
+all-reduce.
 
 `continuous_eval` is the original `--mode=eval`: a separate process that
 waits for new checkpoints in `--log_root`, evaluates each one and writes
-`Precision` / `Best Precision` to `--eval_dir`.
+`Precision` / `Best Precision` to `--eval_dir`. It keeps its own `eval.csv`
+and learning curve there, so it never rewrites the training run's.
 """
 
+import os
 import time
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import data, summaries
+from tf_resnet import config as config_lib
+from tf_resnet import data, eval_report, summaries
+from tf_resnet.checkpointing import first_line, unreadable
+
+# The scalar sums of an evaluation, in the order `batch_counts` stacks them.
+SUMS = ("correct", "correct_at_5", "loss_sum", "examples")
 
 
-def make_eval_step(model):
-    """A compiled step returning `[correct, loss_sum, examples]` of a batch."""
+def batch_counts(logits, labels):
+    """What one batch adds to an evaluation, from the model's logits.
 
-    @tf.function
-    def eval_step(images, labels):
-        logits = tf.cast(model(images, training=False), tf.float32)
-        losses = tf.keras.losses.sparse_categorical_crossentropy(
-            labels, logits, from_logits=True
-        )
-        correct = tf.equal(
-            tf.argmax(logits, axis=-1, output_type=tf.int32), labels
-        )
-        return tf.stack(
+    Returns:
+      `dict(sums, confusion)`: `sums` float64 `[4]` in the order of `SUMS`,
+      `confusion` int64 `[classes, classes]`, rows the true class and
+      columns the predicted one.
+    """
+    logits = tf.cast(logits, tf.float32)
+    num_classes = logits.shape[-1]
+    losses = tf.keras.losses.sparse_categorical_crossentropy(
+        labels, logits, from_logits=True
+    )
+    predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+    in_top_5 = tf.math.in_top_k(labels, logits, k=min(5, num_classes))
+    confusion = tf.math.confusion_matrix(
+        labels, predictions, num_classes=num_classes, dtype=tf.int64
+    )
+    return {
+        "sums": tf.stack(
             [
-                tf.reduce_sum(tf.cast(correct, tf.float64)),
+                tf.reduce_sum(
+                    tf.cast(tf.equal(predictions, labels), tf.float64)
+                ),
+                tf.reduce_sum(tf.cast(in_top_5, tf.float64)),
                 tf.reduce_sum(tf.cast(losses, tf.float64)),
                 tf.cast(tf.size(labels), tf.float64),
             ]
-        )
+        ),
+        "confusion": confusion,
+    }
+
+
+def make_eval_step(model):
+    """A compiled step returning the `batch_counts` of a batch."""
+
+    @tf.function
+    def eval_step(images, labels):
+        return batch_counts(model(images, training=False), labels)
 
     return eval_step
 
 
-def evaluate(eval_step, dataset, mode, max_batches=None):
-    """Precision and mean loss of the model over `dataset`.
+def num_outputs(model):
+    """The number of classes a (functional Keras) model scores."""
+    return int(model.outputs[0].shape[-1])
+
+
+def evaluate(eval_step, dataset, mode, max_batches=None, *, num_classes):
+    """Precision, top-5 precision, mean loss and the confusion matrix.
 
     Args:
       eval_step: from `make_eval_step`.
       dataset: this process's shard of the evaluation data.
       mode: the distribution mode (sums the counts over processes).
       max_batches: stop after this many batches (`--eval_batch_count`).
+      num_classes: the model's class count (the size of the matrix, known
+        even to a process whose shard is empty).
 
     Returns:
-      `dict(precision, loss, examples)`.
+      `dict(precision, precision_at_5, loss, examples, confusion)`.
     """
-    totals = np.zeros(3, np.float64)
+    sums = np.zeros(len(SUMS), np.float64)
+    confusion = np.zeros((num_classes, num_classes), np.int64)
     if max_batches:
         dataset = dataset.take(max_batches)
     for images, labels in dataset:
-        totals += eval_step(images, labels).numpy()
-    correct, loss_sum, examples = mode.all_reduce_sum(totals)
+        counts = eval_step(images, labels)
+        sums += counts["sums"].numpy()
+        confusion += counts["confusion"].numpy()
+    # One all-reduce for everything; float64 holds counts exactly to 2**53.
+    totals = mode.all_reduce_sum(
+        np.concatenate([sums, confusion.ravel().astype(np.float64)])
+    )
+    correct, correct_at_5, loss_sum, examples = totals[: len(SUMS)]
+    confusion = np.rint(totals[len(SUMS) :]).astype(np.int64)
     examples = max(examples, 1.0)
     return {
         "precision": correct / examples,
+        "precision_at_5": correct_at_5 / examples,
         "loss": loss_sum / examples,
         "examples": int(examples),
+        "confusion": confusion.reshape(num_classes, num_classes),
     }
 
 
@@ -95,40 +141,81 @@ class Evaluator:
     """Evaluates the model and records the result, in training or the job.
 
     Every process of the mode takes part (the counts are summed over them);
-    the chief writes `eval.csv`, the learning curve and the TensorBoard
-    `Precision` / `Best Precision` events.
+    the chief alone writes: the TensorBoard events (`Precision`,
+    `Best Precision`, `Precision@5`, the confusion-matrix image) and the
+    report files (`eval_report`) in `eval_dir`, and the evaluation history
+    (`eval.csv`, `learning_curve.png`): the training run's in `log_root`,
+    the eval job's (`job=True`) in `eval_dir`, with the training run's
+    curve drawn next to its own.
     """
 
-    def __init__(self, config, mode, state, split=None):
+    def __init__(self, config, mode, state, split=None, *, job=False):
+        run = config.run
         self.mode = mode
         self.state = state
-        self.max_batches = config.run.eval_batch_count
-        self.step_fn = make_eval_step(state.model)
+        model = state.model
+        self.max_batches = run.eval_batch_count
+        self.num_classes = num_outputs(model)
+        self.step_fn = make_eval_step(model)
         self.dataset = build_eval_dataset(config, mode, split)
-        self.writer = summaries.EvalWriter(config.run.eval_dir, mode.is_chief)
-        self.history = summaries.EvalHistory(
-            config.run.log_root, title=config.model.model
-        )
+        self.report_dir = run.eval_dir
+        self.writer = summaries.EvalWriter(run.eval_dir, mode.is_chief)
+        if job:
+            self.history = summaries.EvalHistory(
+                run.eval_dir,
+                title=config.model.model,
+                label="eval job",
+                compare={
+                    "training": os.path.join(run.log_root, summaries.EVAL_CSV)
+                },
+            )
+        else:
+            self.history = summaries.EvalHistory(
+                run.log_root, title=config.model.model, label="training"
+            )
+        self.class_names = None
+        if mode.is_chief:
+            self.class_names = _class_names(run.log_root, split)
 
-    def __call__(self, step, epoch):
-        """Evaluates the model as it is now; returns the result dict."""
+    def __call__(self, step, epoch, label=None):
+        """Evaluates the model as it is now; returns the scalar results.
+
+        `label` names what is evaluated in the log line (the eval job: the
+        checkpoint; training: the step).
+
+        The confusion matrix is left out of the returned dict (it goes to
+        the report files), so callers can log the result.
+        """
         self.mode.synchronize(self.state)
         start = time.time()
         result = evaluate(
-            self.step_fn, self.dataset, self.mode, self.max_batches
+            self.step_fn,
+            self.dataset,
+            self.mode,
+            self.max_batches,
+            num_classes=self.num_classes,
         )
+        confusion = result.pop("confusion")
         best = result["precision"]
         if self.mode.is_chief:
             best = self.history.record(
-                step, epoch, result["precision"], result["loss"]
+                step,
+                epoch,
+                result["precision"],
+                result["loss"],
+                result["precision_at_5"],
             )
-            self.writer.write(step, result, best)
+            image = eval_report.write_report(
+                self.report_dir, step, confusion, self.class_names
+            )
+            self.writer.write(step, result, best, confusion_png=image)
         logging.info(
-            "eval at step %d: precision %.4f (best %.4f), loss %.4f over %d "
-            "examples, %.1fs",
-            step,
+            "eval %s: precision %.4f (best %.4f), top-5 %.4f, loss "
+            "%.4f over %d examples, %.1fs",
+            label or f"at step {step}",
             result["precision"],
             best,
+            result["precision_at_5"],
             result["loss"],
             result["examples"],
             time.time() - start,
@@ -139,30 +226,88 @@ class Evaluator:
         self.writer.close()
 
 
+def _class_names(log_root, split):
+    """Names of the classes: the training run's saved ones, else the split's.
+
+    `None` when neither has names (the report then uses the indices).
+    """
+    plan = config_lib.read_plan(log_root) or {}
+    if plan.get("class_names"):
+        return plan["class_names"]
+    return None if split is None else split.class_names
+
+
 def continuous_eval(config, mode, state, epoch_of, split=None):
     """Evaluates every new checkpoint in `config.run.log_root`.
 
     `epoch_of(step)` gives the epoch of a checkpoint's step.
 
     Stops after one evaluation with `eval_once`, or when no new checkpoint
-    has appeared for `eval_timeout_secs`.
+    has appeared for `eval_timeout_secs`. A checkpoint that training
+    deletes (its `--keep_checkpoints`) before it is restored is skipped
+    with a warning.
     """
     run = config.run
     checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
-    evaluator = Evaluator(config, mode, state, split)
-    if run.eval_once:
-        paths = [tf.train.latest_checkpoint(run.log_root)]
-        if paths[0] is None:
+    evaluator = Evaluator(config, mode, state, split, job=True)
+    for path in _checkpoint_paths(run):
+        if not _restore(checkpoint, path, mode):
+            continue
+        step = int(path.rsplit("-", 1)[1])
+        evaluator(step, epoch_of(step), label=path)
+        if run.eval_once:
+            break
+    evaluator.close()
+
+
+def _checkpoint_paths(run):
+    """The checkpoints to evaluate, as `tf.train.latest_checkpoint` names them.
+
+    With `eval_once`, the latest one; if the job asks again (the one before
+    was deleted before its restore), the then latest, unless unchanged.
+    """
+    if not run.eval_once:
+        yield from tf.train.checkpoints_iterator(
+            run.log_root, min_interval_secs=5, timeout=run.eval_timeout_secs
+        )
+        return
+    seen = set()
+    while True:
+        path = tf.train.latest_checkpoint(run.log_root)
+        if path is None and not seen:
             raise FileNotFoundError(
                 f"{run.log_root}: no checkpoint to evaluate"
             )
-    else:
-        paths = tf.train.checkpoints_iterator(
-            run.log_root, min_interval_secs=5, timeout=run.eval_timeout_secs
-        )
-    for path in paths:
+        if path is None or path in seen:
+            return
+        seen.add(path)
+        yield path
+
+
+def _restore(checkpoint, path, mode):
+    """Restores the checkpoint at `path`; False if it is gone.
+
+    Training deletes checkpoints beyond its `--keep_checkpoints`, also one
+    the iterator has just named. Every process must agree to skip, or the
+    ones that evaluate would wait for the others in the all-reduce.
+
+    Raises:
+      tf.errors.OpError: the checkpoint exists but cannot be restored.
+    """
+    problem = ""
+    try:
         checkpoint.restore(path).expect_partial()
-        step = int(path.rsplit("-", 1)[1])
-        logging.info("evaluating %s", path)
-        evaluator(step, epoch_of(step))
-    evaluator.close()
+    except tf.errors.OpError as error:
+        problem = unreadable(path)
+        if not problem:
+            raise
+        logging.debug("restoring %s: %s", path, first_line(error))
+    failed = mode.all_reduce_sum(np.array([1.0 if problem else 0.0]))[0]
+    if failed:
+        logging.warning(
+            "%s: skipped, deleted before it could be restored (training "
+            "keeps only its newest --keep_checkpoints); %s",
+            path,
+            problem or "another process could not read it",
+        )
+    return not failed

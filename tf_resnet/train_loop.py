@@ -364,6 +364,7 @@ def _train(config, mode, plan, split):
     restored = checkpoints.restore()
     if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
         config_lib.save(config, plan, summaries.atomic_write)
+        summaries.write_hparams(run.log_root, config_lib.flatten(config))
     mode.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
     if restored:
@@ -450,7 +451,8 @@ def evaluate_only(config, mode):
 
     Needs no training data and builds no optimizer: the model's class
     count comes from the evaluation split and the epoch of a checkpoint
-    from the step plan the training run saved in `log_root`.
+    from the step plan the training run saved in `log_root`. Writes only
+    to `--eval_dir` (never `log_root` itself: `config.validate`).
     """
     split = open_split(config, training=False)
     model = build_model(config, mode, split)
