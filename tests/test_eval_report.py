@@ -23,6 +23,7 @@ from tests.helpers import ROOT, run_main
 from tf_resnet import config as config_lib
 from tf_resnet import eval_report, evaluation, summaries, train_loop
 from tf_resnet.distribute import tf_strategy
+from tf_resnet.distribute.base import TrainState
 
 NAMES = [f"class {i}" for i in range(9)] + ["dog, small"]  # CSV quoting.
 # (bright channel, label) of each test record. The model below predicts the
@@ -97,7 +98,7 @@ def evaluated(tmp_path_factory):
     plan = train_loop.RunPlan(100, 10, 100, 10, 10, 0, 10, 32, NAMES)
     config_lib.save(cfg, plan, summaries.atomic_write)  # Names the classes.
     mode = tf_strategy.default_mode(cfg.optim.batch_size)
-    evaluator = evaluation.Evaluator(cfg, mode, channel_model())
+    evaluator = evaluation.Evaluator(cfg, mode, TrainState(channel_model()))
     result = evaluator(7, 0.7)
     evaluator.close()
     return cfg, result
@@ -339,8 +340,10 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
 
 def test_the_eval_job_refuses_log_root_as_its_eval_dir(tmp_path):
     cfg = config_lib.make_config(
-        mode="eval", log_root=str(tmp_path), eval_dir=str(tmp_path) + "/."
+        mode="eval",
+        log_root=str(tmp_path),
+        eval_dir=str(tmp_path) + "/.",
+        eval_data_path=str(tmp_path / "test_batch.bin"),
     )
-    mode = tf_strategy.default_mode(cfg.optim.batch_size)
     with pytest.raises(ValueError, match="is --log_root"):
-        train_loop.evaluate_only(cfg, mode)
+        config_lib.validate(cfg)
