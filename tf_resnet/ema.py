@@ -75,6 +75,11 @@ class ExponentialMovingAverage(tf.Module):
                 )
                 for v in self._model_variables
             }
+        if len(self.averages) != len(self._model_variables):
+            raise ValueError(
+                f"model {model.name!r} has variables sharing a path; the "
+                "average is kept by path"
+            )
 
     @tf.__internal__.tracking.no_automatic_dependency_tracking
     def _set_model_variables(self, variables):
