@@ -25,12 +25,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-CIFAR_DIR = os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "cifar-10-batches-bin"
-)
-TINYIMAGENET_DIR = os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "tiny-imagenet-200-10class"
-)
+
+def _shared_data_root():
+    """The first `shared/data` beside the repository or above it.
+
+    A checkout at `/work/main` finds `/work/shared/data`, and so does a git
+    worktree one level deeper (`/work/wt/name`).
+    """
+    folder = ROOT
+    while os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+        candidate = os.path.join(folder, "shared", "data")
+        if os.path.isdir(candidate):
+            return candidate
+    return os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+SHARED_DATA = _shared_data_root()
+CIFAR_DIR = os.path.join(SHARED_DATA, "cifar-10-batches-bin")
+TINYIMAGENET_DIR = os.path.join(SHARED_DATA, "tiny-imagenet-200-10class")
 
 # The real data samples the benchmarks read (never copied into the repo).
 DATA = {
