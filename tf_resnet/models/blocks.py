@@ -9,6 +9,13 @@ Where the shape changes (stride 2 or a different channel count) the shortcut
 is either a 1x1 strided projection + BN (`"projection"`, option B of the
 paper, the torchvision default) or stride-2 subsampling with zero-padded
 extra channels (`"zero_pad"`, option A, no parameters).
+
+`zero_init_residual=True` starts the last batch norm of every residual
+branch with gamma 0 (Goyal et al., 2017, "Accurate, Large Minibatch SGD"):
+each block then begins as its shortcut, the network as a shallow one, which
+tolerates the high learning rates of short schedules. A pre-activation block
+ends in a convolution, not a batch norm, so there that convolution's kernel
+starts at 0 instead.
 """
 
 import keras
@@ -77,7 +84,7 @@ class SymmetricPadConv2D(layers.Conv2D):
         )
 
 
-def batch_norm(name=None, sync=False):
+def batch_norm(name=None, sync=False, zero_gamma=False):
     """Batch norm with the momentum/epsilon of the reference implementations.
 
     `sync=True` all-reduces the batch statistics over the replicas of a
@@ -85,9 +92,14 @@ def batch_norm(name=None, sync=False):
     the global batch, as a single device would. The layer runs TF's fused
     kernel, which trains faster on CPU (fused_batch_norm.py says why,
     bench/README.md has the numbers).
+    `zero_gamma=True` starts the scale at 0 (the layer outputs beta, 0).
     """
     return FusedBatchNormalization(
-        momentum=BN_MOMENTUM, epsilon=BN_EPSILON, synchronized=sync, name=name
+        momentum=BN_MOMENTUM,
+        epsilon=BN_EPSILON,
+        synchronized=sync,
+        gamma_initializer="zeros" if zero_gamma else "ones",
+        name=name,
     )
 
 
@@ -161,6 +173,9 @@ class BasicBlock(layers.Layer):
       sync_bn: synchronised batch statistics across replicas.
       symmetric_padding: pad the strided 3x3 convolution like torch
         (see `conv`), for weights imported from torchvision.
+      zero_init_residual: start the residual branch at 0 (the last batch
+        norm's gamma; the last convolution's kernel of a pre-activation
+        block), so that the block starts as its shortcut.
     """
 
     expansion = 1
@@ -173,6 +188,7 @@ class BasicBlock(layers.Layer):
         preact=False,
         sync_bn=False,
         symmetric_padding=False,
+        zero_init_residual=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -182,12 +198,17 @@ class BasicBlock(layers.Layer):
         self.preact = preact
         self.sync_bn = sync_bn
         self.symmetric_padding = symmetric_padding
+        self.zero_init_residual = zero_init_residual
         self.conv1 = conv(
             filters, 3, strides, name="conv1", symmetric=symmetric_padding
         )
         self.bn1 = batch_norm("bn1", sync_bn)
         self.conv2 = conv(filters, 3, name="conv2")
-        self.bn2 = batch_norm("bn2", sync_bn)
+        if zero_init_residual and preact:
+            self.conv2.kernel_initializer = keras.initializers.Zeros()
+        self.bn2 = batch_norm(
+            "bn2", sync_bn, zero_gamma=zero_init_residual and not preact
+        )
 
     def build(self, input_shape):
         self.shortcut = make_shortcut(
@@ -229,6 +250,7 @@ class BasicBlock(layers.Layer):
             "preact": self.preact,
             "sync_bn": self.sync_bn,
             "symmetric_padding": self.symmetric_padding,
+            "zero_init_residual": self.zero_init_residual,
         }
 
 
@@ -248,6 +270,7 @@ class Bottleneck(layers.Layer):
         shortcut="projection",
         sync_bn=False,
         symmetric_padding=False,
+        zero_init_residual=False,
         **kw,
     ):
         super().__init__(**kw)
@@ -256,6 +279,7 @@ class Bottleneck(layers.Layer):
         self.shortcut_kind = shortcut
         self.sync_bn = sync_bn
         self.symmetric_padding = symmetric_padding
+        self.zero_init_residual = zero_init_residual
         self.conv1 = conv(filters, 1, name="conv1")
         self.bn1 = batch_norm("bn1", sync_bn)
         self.conv2 = conv(
@@ -263,7 +287,7 @@ class Bottleneck(layers.Layer):
         )
         self.bn2 = batch_norm("bn2", sync_bn)
         self.conv3 = conv(filters * self.expansion, 1, name="conv3")
-        self.bn3 = batch_norm("bn3", sync_bn)
+        self.bn3 = batch_norm("bn3", sync_bn, zero_gamma=zero_init_residual)
 
     build = BasicBlock.build
 
@@ -284,6 +308,7 @@ class Bottleneck(layers.Layer):
             "shortcut": self.shortcut_kind,
             "sync_bn": self.sync_bn,
             "symmetric_padding": self.symmetric_padding,
+            "zero_init_residual": self.zero_init_residual,
         }
 
 

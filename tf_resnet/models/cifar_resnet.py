@@ -25,6 +25,7 @@ def cifar_resnet(
     version=1,
     shortcut="zero_pad",
     sync_bn=False,
+    zero_init_residual=False,
     name=None,
 ):
     """Builds a 6n+2-layer CIFAR ResNet.
@@ -36,6 +37,8 @@ def cifar_resnet(
       version: 1 (post-activation) or 2 (pre-activation).
       shortcut: `"zero_pad"` (option A) or `"projection"` (option B).
       sync_bn: synchronise batch statistics across replicas.
+      zero_init_residual: every block starts as its shortcut (see
+        `blocks`).
       name: model name; defaults to `resnet{depth}[_v2]`.
 
     Returns:
@@ -59,6 +62,7 @@ def cifar_resnet(
         shortcut=shortcut,
         preact=preact,
         sync_bn=sync_bn,
+        zero_init_residual=zero_init_residual,
     )
     if preact:
         x = blocks.batch_norm("final_bn", sync_bn)(x)

@@ -39,6 +39,7 @@ def course_resnet(
     dropout_rate=0.2,
     shortcut="projection",
     sync_bn=False,
+    zero_init_residual=False,
     name="course_resnet",
 ):
     """Builds the course ResNet.
@@ -50,6 +51,8 @@ def course_resnet(
         dropout of the assignment's network.
       shortcut: `"projection"` (the assignment's 1x1 conv) or `"zero_pad"`.
       sync_bn: synchronise batch statistics across replicas.
+      zero_init_residual: every block starts as its shortcut (see
+        `blocks`).
       name: model name.
 
     Returns:
@@ -69,6 +72,7 @@ def course_resnet(
             name=stage_name,
             shortcut=shortcut,
             sync_bn=sync_bn,
+            zero_init_residual=zero_init_residual,
         )(x)
     x = layers.GlobalMaxPooling2D(name="pool")(x)
     outputs = layers.Dense(

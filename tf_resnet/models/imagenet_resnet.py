@@ -39,6 +39,7 @@ def imagenet_resnet(
     stem="imagenet",
     shortcut="projection",
     sync_bn=False,
+    zero_init_residual=False,
     name=None,
 ):
     """Builds a torchvision-layout ResNet.
@@ -50,6 +51,8 @@ def imagenet_resnet(
       stem: `"imagenet"` or `"cifar"` (see the module docstring).
       shortcut: `"projection"` (torchvision) or `"zero_pad"`.
       sync_bn: synchronise batch statistics across replicas.
+      zero_init_residual: every block starts as its shortcut (see
+        `blocks`; torchvision's option of the same name).
       name: model name; defaults to `resnet{depth}`.
 
     Returns:
@@ -78,6 +81,7 @@ def imagenet_resnet(
         shortcut=shortcut,
         sync_bn=sync_bn,
         symmetric_padding=True,
+        zero_init_residual=zero_init_residual,
     )
     x = layers.GlobalAveragePooling2D(name="pool")(x)
     outputs = layers.Dense(num_classes, name="logits")(x)

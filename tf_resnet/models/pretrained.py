@@ -125,10 +125,12 @@ def keras_weights_path(source):
 
 def keras_resnet50(num_classes, input_shape, weights_path, options):
     """Keras' ResNet50 with ImageNet weights and a new `logits` layer."""
+    # Options at the values that describe Keras' own ResNet50 are fine.
+    fitting = {"stem": "imagenet", "zero_init_residual": False}
     unsupported = sorted(
         key
         for key, value in options.items()
-        if not (key == "stem" and value == "imagenet")
+        if key not in fitting or value != fitting[key]
     )
     if unsupported:
         raise UserInputError(
