@@ -48,41 +48,42 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 
+from tf_resnet import config as config_lib  # noqa: E402
+from tf_resnet.config import RECIPES  # noqa: E402
+
 ROOT = common.ROOT
 BENCH = os.path.dirname(os.path.abspath(__file__))
 BATCH = 128
 POLL_SECONDS = 0.25
 
-# The two recipes, as knobs both frameworks understand. warmup_fraction is
-# the warm-up's share of the run (--warmup_epochs = fraction * epochs).
-PAPER = {
-    "lr_schedule": "step",
-    "learning_rate": 0.1,
-    "warmup_fraction": 0.0,
-    "final_lr_fraction": 0.0,
-    "nesterov": False,
-    "weight_decay": 1e-4,
-    "label_smoothing": 0.0,
-    "normalization": "per_image",
-    "eval_tta": "none",
-    "ema_decay": 0.0,
-    "mixup_alpha": 0.0,
-    "cutmix_alpha": 0.0,
-    "cutout_size": 0,
-    "zero_init_residual": False,
-}
-FAST = {
-    **PAPER,
-    "lr_schedule": "onecycle",
-    "learning_rate": 0.4,
-    "warmup_fraction": 0.15,
-    "nesterov": True,
-    "weight_decay": 5e-4,
-    "label_smoothing": 0.2,
-    "normalization": "dataset",
-    "eval_tta": "flip",
-}
-RECIPES = {"paper": PAPER, "fast": FAST}
+# The knobs both frameworks understand. Their values come from the
+# project's own recipe table (`tf_resnet.config.RECIPES`), so `ours:fast`
+# is exactly `resnet_main.py --recipe=fast` and `torch:fast` the same
+# recipe in PyTorch.
+KNOBS = (
+    "lr_schedule",
+    "learning_rate",
+    "warmup_fraction",
+    "final_lr_fraction",
+    "nesterov",
+    "weight_decay",
+    "label_smoothing",
+    "normalization",
+    "eval_tta",
+    "ema_decay",
+    "mixup_alpha",
+    "cutmix_alpha",
+    "cutout_size",
+    "zero_init_residual",
+)
+
+
+def recipe_knobs(name):
+    """The knobs of `--recipe=name` as resnet_main.py resolves them."""
+    values = config_lib.flatten(config_lib.make_config(**RECIPES[name]))
+    return {key: values[key] for key in KNOBS}
+
+
 # Knobs of ours that the PyTorch twin does not implement.
 TORCH_LACKS = ("mixup_alpha", "cutmix_alpha", "cutout_size")
 
@@ -119,7 +120,8 @@ class Contender:
         if recipe not in RECIPES:
             raise SystemExit(f"contender {name!r}: unknown recipe {recipe!r}")
         self.recipe = recipe
-        self.knobs = dict(RECIPES[recipe])
+        self.knobs = recipe_knobs(recipe)
+        self.overrides = {}
         for override in parts[2:]:
             key, _, value = override.partition("=")
             if key not in self.knobs or not value:
@@ -128,6 +130,7 @@ class Contender:
                     f"a key of {', '.join(self.knobs)}"
                 )
             self.knobs[key] = _parse_like(value, self.knobs[key])
+            self.overrides[key] = self.knobs[key]
         if self.framework == "torch":
             used = [k for k in TORCH_LACKS if self.knobs[k]]
             if used:
@@ -146,37 +149,24 @@ def _parse_like(text, example):
 
 
 def ours_command(contender, suite, epochs, seed, log_root):
-    """`resnet_main.py` with the contender's recipe, knob by knob."""
+    """`resnet_main.py --recipe=...`, plus the contender's overrides only."""
     data = common.DATA[suite["data"]]
-    knobs = contender.knobs
     command = [
         sys.executable,
         os.path.join(ROOT, "resnet_main.py"),
         f"--dataset={data['dataset']}",
-        f"--data_source={data['data_source']}",
         f"--model={suite['model']}",
         f"--log_root={log_root}",
         f"--train_epochs={epochs}",
         f"--batch_size={BATCH}",
         f"--seed={seed}",
         f"--recipe={contender.recipe}",
-        f"--lr_schedule={knobs['lr_schedule']}",
-        f"--learning_rate={knobs['learning_rate']}",
-        f"--warmup_epochs={knobs['warmup_fraction'] * epochs:g}",
-        f"--final_lr_fraction={knobs['final_lr_fraction']}",
-        "--nesterov" if knobs["nesterov"] else "--nonesterov",
-        f"--weight_decay={knobs['weight_decay']}",
-        f"--label_smoothing={knobs['label_smoothing']}",
-        f"--normalization={knobs['normalization']}",
-        f"--eval_tta={knobs['eval_tta']}",
-        f"--ema_decay={knobs['ema_decay']}",
-        f"--mixup_alpha={knobs['mixup_alpha']}",
-        f"--cutmix_alpha={knobs['cutmix_alpha']}",
-        f"--cutout_size={knobs['cutout_size']}",
-        "--zero_init_residual"
-        if knobs["zero_init_residual"]
-        else "--nozero_init_residual",
     ]
+    for key, value in contender.overrides.items():
+        if isinstance(value, bool):
+            command.append(f"--{key}" if value else f"--no{key}")
+        else:
+            command.append(f"--{key}={value}")
     if suite["data"] == "cifar10":
         train = os.path.join(common.CIFAR_DIR, "data_batch*")
         test = os.path.join(common.CIFAR_DIR, "test_batch*")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_resnet import augment
+from tf_resnet.data import augment
 
 SEED = tf.constant([3, 7], tf.int64)
 

@@ -13,6 +13,7 @@ waits for new checkpoints in `--log_root`, evaluates each one and writes
 and learning curve there, so it never rewrites the training run's.
 """
 
+import contextlib
 import os
 import time
 
@@ -23,6 +24,7 @@ from absl import logging
 from tf_resnet import config as config_lib
 from tf_resnet import data, eval_report, summaries
 from tf_resnet.checkpointing import first_line, unreadable
+from tf_resnet.tta import tta_logits
 
 # The scalar sums of an evaluation, in the order `batch_counts` stacks them.
 SUMS = ("correct", "correct_at_5", "loss_sum", "examples")
@@ -61,12 +63,15 @@ def batch_counts(logits, labels):
     }
 
 
-def make_eval_step(model):
-    """A compiled step returning the `batch_counts` of a batch."""
+def make_eval_step(model, tta="none"):
+    """A compiled step returning the `batch_counts` of a batch.
+
+    `tta="flip"` scores each image by the mean logits of it and its mirror.
+    """
 
     @tf.function
     def eval_step(images, labels):
-        return batch_counts(model(images, training=False), labels)
+        return batch_counts(tta_logits(model, images, tta), labels)
 
     return eval_step
 
@@ -129,10 +134,8 @@ def build_eval_dataset(config, mode, split=None):
     num_shards, shard_index = mode.eval_shard()
     return split.dataset(
         config.optim.eval_batch_size or config.optim.batch_size,
-        data.InputOptions(
-            num_shards=num_shards,
-            shard_index=shard_index,
-            image_size=config.data.image_size,
+        data.input_options(
+            config, num_shards=num_shards, shard_index=shard_index
         ),
     )
 
@@ -156,7 +159,7 @@ class Evaluator:
         model = state.model
         self.max_batches = run.eval_batch_count
         self.num_classes = num_outputs(model)
-        self.step_fn = make_eval_step(model)
+        self.step_fn = make_eval_step(model, config.optim.eval_tta)
         self.dataset = build_eval_dataset(config, mode, split)
         self.report_dir = run.eval_dir
         self.writer = summaries.EvalWriter(run.eval_dir, mode.is_chief)
@@ -188,13 +191,15 @@ class Evaluator:
         """
         self.mode.synchronize(self.state)
         start = time.time()
-        result = evaluate(
-            self.step_fn,
-            self.dataset,
-            self.mode,
-            self.max_batches,
-            num_classes=self.num_classes,
-        )
+        ema = self.state.ema
+        with ema.swapped() if ema else contextlib.nullcontext():
+            result = evaluate(
+                self.step_fn,
+                self.dataset,
+                self.mode,
+                self.max_batches,
+                num_classes=self.num_classes,
+            )
         confusion = result.pop("confusion")
         best = result["precision"]
         if self.mode.is_chief:

@@ -159,6 +159,11 @@ def define_training_flags():
     )
     flags.DEFINE_float("lr_decay_rate", 0.1, "Factor applied at each decay.")
     flags.DEFINE_float("warmup_epochs", 0, "Linear learning-rate warm-up.")
+    flags.DEFINE_float(
+        "warmup_fraction",
+        0,
+        "Warm-up as a fraction of the run, when --warmup_epochs is 0.",
+    )
     flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
     flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on kernels.")
 

@@ -26,6 +26,8 @@ from tf_resnet import config as config_lib
 from tf_resnet import data, evaluation, models, schedules, summaries
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
 from tf_resnet.distribute.base import TrainState
+from tf_resnet.ema import ExponentialMovingAverage
+from tf_resnet.losses import classification_losses
 from tf_resnet.models import pretrained
 
 
@@ -89,7 +91,10 @@ def plan_run(config, split):
         total_steps=total,
         eval_every_steps=eval_every,
         checkpoint_every_steps=run.checkpoint_every_steps or eval_every,
-        warmup_steps=round(config.optim.warmup_epochs * steps_per_epoch),
+        warmup_steps=round(
+            config.optim.warmup_epochs * steps_per_epoch
+            or config.optim.warmup_fraction * total
+        ),
         num_classes=split.num_classes,
         image_size=config.data.image_size or split.image_size,
         class_names=split.class_names,
@@ -125,8 +130,12 @@ def build_optimizer(config, mode, model, total_steps, warmup_steps=0):
             optim.lr_decay_fractions,
             optim.lr_decay_rate,
             warmup_steps,
+            kind=optim.lr_schedule,
+            final_lr_fraction=optim.final_lr_fraction,
         )
-        optimizer = keras.optimizers.SGD(schedule, momentum=optim.momentum)
+        optimizer = keras.optimizers.SGD(
+            schedule, momentum=optim.momentum, nesterov=optim.nesterov
+        )
         if keras.config.dtype_policy().name == "mixed_float16":
             # float16 gradients underflow without loss scaling (GPU path).
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -140,14 +149,18 @@ def decayed_variables(model):
     return [v for v in model.trainable_variables if v.path.endswith("kernel")]
 
 
-def make_replica_fn(model, optimizer, mode, config):
+def make_replica_fn(model, optimizer, mode, config, ema=None):
     """One replica's forward, backward and update on its batch.
+
+    Labels are class indices, or `[B, classes]` targets of a mixed batch
+    (mixup/CutMix); with `ema`, the moving average follows each update.
 
     With `config.xla` the forward and backward pass is compiled by XLA; the
     all-reduce and the update stay outside it, since they belong to the
     mode (Horovod ops have no XLA kernels) and to the optimizer.
     """
     update_examples = float(mode.replica_batch * mode.replicas_per_update)
+    label_smoothing = config.optim.label_smoothing
     decay_scale = config.optim.weight_decay / 2.0 / mode.replicas_per_update
     decayed = {id(k) for k in decayed_variables(model)}
 
@@ -157,8 +170,8 @@ def make_replica_fn(model, optimizer, mode, config):
             # Losses in float32 at least, also under 16-bit mixed precision.
             dtype = tf.float64 if logits.dtype == tf.float64 else tf.float32
             logits = tf.cast(logits, dtype)
-            losses = keras.losses.sparse_categorical_crossentropy(
-                labels, logits, from_logits=True
+            losses = classification_losses(
+                labels, logits, logits.shape[-1], label_smoothing
             )
             loss = tf.reduce_sum(losses) / update_examples
             scaled_loss = optimizer.scale_loss(loss)
@@ -187,6 +200,10 @@ def make_replica_fn(model, optimizer, mode, config):
         )
         grads = mode.all_reduce_gradients(grads)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
+        if ema is not None:
+            ema.update()
+        if labels.shape.rank == 2:  # Mixed targets: their largest share.
+            labels = tf.argmax(labels, -1, output_type=tf.int32)
         correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
         return {
             "loss_sum": tf.cast(tf.reduce_sum(losses), tf.float32),
@@ -307,12 +324,17 @@ class _TrainSteps:
     with, so (un)freezing the backbone needs a new one.
     """
 
-    def __init__(self, config, mode, model, optimizer, plan):
+    def __init__(self, config, mode, state, plan):
         self.make_replica_fn = functools.partial(
-            make_replica_fn, model, optimizer, mode, config
+            make_replica_fn,
+            state.model,
+            state.optimizer,
+            mode,
+            config,
+            state.ema,
         )
         self.mode = mode
-        self.model = model
+        self.model = state.model
         self.freeze_steps = round(
             config.optim.freeze_backbone_epochs * plan.steps_per_epoch
         )
@@ -357,7 +379,7 @@ def _train(config, mode, plan, split):
     optimizer = build_optimizer(
         config, mode, model, plan.total_steps, plan.warmup_steps
     )
-    state = TrainState(model, optimizer)
+    state = TrainState(model, optimizer, make_ema(config, mode, model))
     checkpoints = RunCheckpoints(
         run.log_root, run.keep_checkpoints, mode, state
     )
@@ -384,7 +406,7 @@ def _train(config, mode, plan, split):
     iterator = mode.distribute_dataset(
         functools.partial(_training_dataset, split, config, step)
     )
-    train_step = _TrainSteps(config, mode, model, optimizer, plan)
+    train_step = _TrainSteps(config, mode, state, plan)
     evaluator = evaluation.Evaluator(config, mode, state)
     writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
     progress = _Progress(
@@ -429,19 +451,27 @@ def _train(config, mode, plan, split):
     return {"step": step, **last_eval}
 
 
+def make_ema(config, mode, model):
+    """The moving average of the model's weights, if the recipe has one."""
+    if not config.optim.ema_decay:
+        return None
+    return ExponentialMovingAverage(
+        model, config.optim.ema_decay, scope=mode.scope()
+    )
+
+
 def _training_dataset(
     split, config, start_step, num_shards, shard_index, batch_size
 ):
     """One input pipeline of the training split (`mode.distribute_dataset`)."""
     return split.dataset(
         batch_size,
-        data.InputOptions(
+        data.input_options(
+            config,
             seed=config.run.seed,
             start_step=start_step,
             num_shards=num_shards,
             shard_index=shard_index,
-            shuffle_buffer=config.data.shuffle_buffer,
-            image_size=config.data.image_size,
         ),
     )
 
@@ -459,7 +489,7 @@ def evaluate_only(config, mode):
     evaluation.continuous_eval(
         config,
         mode,
-        TrainState(model),
+        TrainState(model, ema=make_ema(config, mode, model)),
         functools.partial(_epoch_of_step, config),
         split,
     )

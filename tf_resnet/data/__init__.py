@@ -17,6 +17,7 @@ from tf_resnet.data.split import InputOptions, Split
 from tf_resnet.errors import DataError, UserInputError
 
 __all__ = [
+    "input_options",
     "DATASETS",
     "DatasetFacts",
     "InputOptions",
@@ -109,3 +110,22 @@ def open_split(dataset, path, *, training, source=None):
     if source in _FILE_READERS:
         return reader(dataset, path, training, files=files)
     return reader(dataset, path, training)
+
+
+def input_options(config, **options):
+    """`InputOptions` of a run's `config.Config`, plus per-pipeline `options`.
+
+    One place turns the config's input settings (normalisation, size,
+    shuffle, the recipe's cutout and batch mixing) into pipeline options,
+    for training and evaluation alike.
+    """
+    optim = config.optim
+    return InputOptions(
+        shuffle_buffer=config.data.shuffle_buffer,
+        image_size=config.data.image_size,
+        normalization=config.data.normalization,
+        cutout_size=optim.cutout_size,
+        mixup_alpha=optim.mixup_alpha,
+        cutmix_alpha=optim.cutmix_alpha,
+        **options,
+    )

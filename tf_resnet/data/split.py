@@ -10,7 +10,7 @@ file system again.
 import abc
 import dataclasses
 
-from tf_resnet.data import pipeline, preprocessing
+from tf_resnet.data import augment, pipeline, preprocessing
 from tf_resnet.data.facts import DATASETS
 from tf_resnet.errors import UserInputError
 
@@ -36,6 +36,12 @@ class InputOptions:
       cache: keep the undecoded elements in memory after the first epoch;
         `None`: the reader's choice (records yes, JPEG paths and arrays
         already in memory no).
+      cutout_size: training: side of a square zeroed at a random place of
+        each image (0: off).
+      mixup_alpha: training: mixup of each batch with Beta(a, a) weights
+        (0: off); labels become `[B, classes]` float targets.
+      cutmix_alpha: training: CutMix likewise (with mixup: one of the two
+        per batch).
     """
 
     seed: int = 0
@@ -47,6 +53,9 @@ class InputOptions:
     pad: int | None = None
     normalization: str = "per_image"
     cache: bool | None = None
+    cutout_size: int = 0
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
 
     def __post_init__(self):
         if self.normalization not in NORMALIZATIONS:
@@ -152,7 +161,7 @@ class Split(abc.ABC):
 
         def batch_fn(batch, seed):
             images, labels = self.decode_batch(batch)
-            return preprocessing.finish_batch(
+            images, labels = preprocessing.finish_batch(
                 images,
                 labels,
                 seed,
@@ -160,6 +169,11 @@ class Split(abc.ABC):
                 image_size=image_size,
                 mean=mean,
                 std=std,
+            )
+            if seed is None:
+                return images, labels
+            return augment.batch_regularisation(
+                images, labels, seed, self.num_classes, options
             )
 
         return pipeline.make_pipeline(

@@ -177,3 +177,37 @@ def mix_batch(images, labels, seed, num_classes, mixup_alpha, cutmix_alpha):
     if cutmix_alpha > 0:
         return cutmix(images, labels, mix_seed, cutmix_alpha)
     return mixup(images, labels, mix_seed, mixup_alpha)
+
+
+def batch_regularisation(images, labels, seed, num_classes, options):
+    """Cutout, then mixup/CutMix, of a training batch as `options` ask.
+
+    Args:
+      images: the augmented, normalised batch `[B, H, W, C]`.
+      labels: `[B]` class indices.
+      seed: the batch's `[2]` seed (crop and flip used it; the draws here
+        use seeds folded from it).
+      num_classes: classes of the targets when the batch is mixed.
+      options: `InputOptions` (`cutout_size`, `mixup_alpha`,
+        `cutmix_alpha`).
+
+    Returns:
+      `(images, labels)`; labels are `[B, num_classes]` float targets when
+      the batch is mixed, else unchanged.
+    """
+    if options.cutout_size:
+        images = cutout(
+            images,
+            tf.random.experimental.stateless_fold_in(seed, 1),
+            options.cutout_size,
+        )
+    if options.mixup_alpha or options.cutmix_alpha:
+        images, labels = mix_batch(
+            images,
+            labels,
+            tf.random.experimental.stateless_fold_in(seed, 2),
+            num_classes,
+            options.mixup_alpha,
+            options.cutmix_alpha,
+        )
+    return images, labels
