@@ -1,0 +1,166 @@
+"""Recipes end to end: --recipe, EMA and TTA through resume and the eval job."""
+
+import csv
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.helpers import run_main
+from tf_resnet import config as config_lib
+
+
+def _args(synthetic, log_root, *extra):
+    return [
+        f"--train_data_path={synthetic['train']}",
+        f"--eval_data_path={synthetic['eval']}",
+        f"--log_root={log_root}",
+        "--batch_size=16",
+        "--log_every_steps=1",
+        "--eval_batch_count=2",
+        "--deterministic",
+        *extra,
+    ]
+
+
+def _sums(log_root):
+    """|w| and w^2 sums of the model's and the optimizer's float variables."""
+    reader = tf.train.load_checkpoint(str(log_root))
+    groups = {"model/": [], "optimizer/": []}
+    for name, _ in sorted(tf.train.list_variables(str(log_root))):
+        for prefix, values in groups.items():
+            value = reader.get_tensor(name)
+            if name.startswith(prefix) and value.dtype.kind == "f":
+                values.append(value)
+    return [
+        (
+            float(sum(np.abs(v).sum() for v in values)),
+            float(sum((v * v).sum() for v in values)),
+        )
+        for values in groups.values()
+    ]
+
+
+def test_the_paper_recipe_trains_exactly_as_before(synthetic_cifar, tmp_path):
+    """3 float64 steps; the sums were computed with the code of d960f68.
+
+    That commit predates every recipe knob: any change to the paper
+    recipe's loss, schedule, optimizer or input pipeline moves these sums
+    by far more than the tolerance (which only allows for the order of
+    floating-point sums on other CPUs).
+    """
+    proc = run_main(
+        _args(
+            synthetic_cifar,
+            tmp_path,
+            "--recipe=paper",
+            "--train_steps=3",
+            "--dtype=float64",
+            "--model=resnet20",
+        )
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (model_abs, model_sq), (slots_abs, slots_sq) = _sums(tmp_path)
+    assert model_abs == pytest.approx(978.3049720437541, rel=1e-7)
+    assert model_sq == pytest.approx(1203.1299090949547, rel=1e-7)
+    assert slots_abs == pytest.approx(16018.88054746264, rel=1e-7)
+    assert slots_sq == pytest.approx(2080.053432888607, rel=1e-7)
+
+
+def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
+    values = config_lib.flatten(config_lib.Config())
+    values.update(
+        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
+    )
+    fast = config_lib.resolve({**values, "recipe": "fast"}, {"recipe"})
+    for name, value in config_lib.RECIPES["fast"].items():
+        assert config_lib.flatten(fast)[name] == value, name
+    tuned = config_lib.resolve(
+        {**values, "recipe": "fast", "learning_rate": 0.2},
+        {"recipe", "learning_rate"},
+    )
+    assert tuned.optim.learning_rate == 0.2
+    assert tuned.optim.lr_schedule == "onecycle"
+    paper = config_lib.resolve(values, set())
+    assert config_lib.flatten(paper) == values | {"recipe": "paper"}
+
+
+def _eval_rows(path, column="precision"):
+    with open(path, newline="") as stream:
+        return {
+            int(r["step"]): float(r[column])
+            for r in csv.DictReader(stream)
+        }
+
+
+def test_ema_and_tta_survive_a_resume_and_the_eval_job(
+    synthetic_cifar, tmp_path
+):
+    knobs = ["--ema_decay=0.9", "--eval_tta=flip", "--eval_every_steps=4"]
+    straight, pieces = tmp_path / "straight", tmp_path / "pieces"
+    proc = run_main(_args(synthetic_cifar, straight, "--train_steps=8", *knobs))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for _ in range(2):
+        proc = run_main(
+            _args(
+                synthetic_cifar,
+                pieces,
+                "--train_steps=8",
+                "--steps_per_run=5",
+                *knobs,
+            )
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    # The averages are checkpointed and resume like the weights.
+    reader = {
+        name: tf.train.load_checkpoint(str(root))
+        for name, root in (("a", straight), ("b", pieces))
+    }
+    averages = [
+        name
+        for name, _ in tf.train.list_variables(str(straight))
+        if name.startswith("ema/") and "OPTIMIZER" not in name
+    ]
+    assert len(averages) > 50
+    for name in averages:
+        np.testing.assert_allclose(
+            reader["a"].get_tensor(name),
+            reader["b"].get_tensor(name),
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=name,
+        )
+    assert _eval_rows(straight / "eval.csv") == pytest.approx(
+        _eval_rows(pieces / "eval.csv")
+    )
+    # The eval job, given no recipe flag, evaluates the same EMA weights
+    # with the same TTA: the same precision as training at the same step.
+    job = run_main(
+        [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={straight}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--eval_dir={tmp_path / 'job'}",
+            "--eval_batch_count=2",
+        ]
+    )
+    assert job.returncode == 0, job.stderr[-2000:]
+    training = _eval_rows(straight / "eval.csv")
+    assert _eval_rows(tmp_path / "job" / "eval.csv") == {8: training[8]}
+    # The same job on the raw weights (no EMA, no TTA) scores otherwise.
+    raw = run_main(
+        [
+            "--mode=eval",
+            "--eval_once",
+            f"--log_root={straight}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--eval_dir={tmp_path / 'raw'}",
+            "--eval_batch_count=2",
+            "--ema_decay=0",
+            "--eval_tta=none",
+        ]
+    )
+    assert raw.returncode == 0, raw.stderr[-2000:]
+    loss = _eval_rows(straight / "eval.csv", "loss")[8]
+    assert _eval_rows(tmp_path / "raw" / "eval.csv", "loss")[8] != loss
