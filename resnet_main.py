@@ -7,7 +7,7 @@
 
   python resnet_main.py --mode=eval --eval_once ...   # separate eval job
 
-TensorBoard: `tensorboard --logdir=/tmp/resnet_model`.
+TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
 """
 
 import os

@@ -58,7 +58,9 @@ setup_env() {
     rm -rf "$VENV"
     mkdir -p "$CACHE"
     "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --upgrade pip wheel setuptools
+    # setuptools stays at the version requirements.txt pins (TensorBoard
+    # needs its pkg_resources, which the newest setuptools dropped).
+    "$VENV/bin/pip" install -q --upgrade pip wheel
     # Everything but horovod first: its build imports TensorFlow.
     "$VENV/bin/pip" install -q -r <(grep -v '^horovod' "$REQUIREMENTS") \
       -r requirements-dev.txt
@@ -74,7 +76,7 @@ run_demo() {
   local log_root=${LOG_ROOT:-runs/demo}
   [ -f "$data/test_batch.bin" ] || .venv/bin/python data/make_synthetic_cifar.py \
     --output_dir=datasets/synthetic
-  log "training resnet20 on generated shapes; TensorBoard: tensorboard --logdir=$log_root"
+  log "training resnet20 on generated shapes; TensorBoard: .venv/bin/tensorboard --logdir=$log_root"
   .venv/bin/python resnet_main.py --dataset=cifar10 \
     --train_data_path="$data/data_batch*" --eval_data_path="$data/test_batch.bin" \
     --log_root="$log_root" --model=resnet20 --train_epochs="${DEMO_EPOCHS:-10}" \

@@ -1,9 +1,11 @@
-"""Downloads CIFAR-10, CIFAR-100 or TinyImageNet and unpacks them safely.
+"""Downloads CIFAR-10, CIFAR-100, TinyImageNet or ImageNet weights safely.
 
   python data/download.py --dataset=cifar10 --output_dir=datasets
   python data/download.py --dataset=cifar100 --format=python --output_dir=d
   python data/download.py --dataset=tinyimagenet --output_dir=datasets \
       --url=http://my-mirror/tiny-imagenet-200.zip
+  python data/download.py --weights=resnet18         # -> weights/
+  python data/download.py --weights=keras_resnet50   # -> $KERAS_HOME/models/
 
 Only the standard library is used, so this runs before `setup.sh` too.
 Why each step is the way it is:
@@ -13,7 +15,8 @@ Why each step is the way it is:
   request. A server that ignores Range sends the whole file; we start over.
 * The md5 of the whole archive is checked before anything is unpacked; a
   mismatch deletes the download, because resuming a corrupt file can never
-  fix it.
+  fix it. Weight files are checked the way their publishers check them:
+  torchvision by the sha256 prefix in the file name, Keras by md5.
 * An archive is untrusted input (a mirror can serve anything), so members
   with absolute paths, `..` parts, links, devices or FIFOs are refused
   before a single byte is written, and tar extraction also runs through
@@ -101,18 +104,69 @@ ARCHIVES = {
     },
 }
 
+
+@dataclasses.dataclass(frozen=True)
+class WeightsFile:
+    """One published weights file and how its publisher checks it."""
+
+    url: str
+    algorithm: str  # A hashlib name.
+    digest: str  # The whole hex digest, or its prefix (torchvision).
+
+    @property
+    def filename(self):
+        return self.url.rsplit("/", 1)[-1]
+
+
+# The files `--pretrained` reads (tf_resnet/models/pretrained.py):
+# torchvision's ResNet-18, checked like torch.hub does by the sha256 prefix
+# in its name, and Keras' ResNet50 without its classifier, checked by the
+# md5 keras.applications.ResNet50 passes to `get_file`.
+WEIGHTS = {
+    "resnet18": WeightsFile(
+        "https://download.pytorch.org/models/resnet18-f37072fd.pth",
+        "sha256",
+        "f37072fd",
+    ),
+    "keras_resnet50": WeightsFile(
+        "https://storage.googleapis.com/tensorflow/keras-applications/"
+        "resnet/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5",
+        "md5",
+        "4d473c1dd8becc155b73f8504c6f6626",
+    ),
+}
+
+
+def default_weights_dir(name):
+    """Where `--pretrained` finds a weights file without being told.
+
+    Keras' file goes to `$KERAS_HOME/models/` (default `~/.keras/models/`),
+    where `--pretrained=imagenet` looks for it, as Keras itself would put
+    it; torchvision's goes to `weights/`, for `--pretrained=PATH`.
+    """
+    if name == "keras_resnet50":
+        home = os.environ.get("KERAS_HOME") or os.path.join("~", ".keras")
+        return os.path.join(os.path.expanduser(home), "models")
+    return "weights"
+
+
 STAMP = ".download_complete"
 _CHUNK = 1 << 20
 _USER_AGENT = "tf-resnet-dataset-downloader"
 
 
-def file_md5(path):
-    """Hex md5 of a file (a checksum against corruption, not security)."""
+def file_digest(path, algorithm="md5"):
+    """Hex digest of a file (a checksum against corruption, not security)."""
     with open(path, "rb") as stream:
         digest = hashlib.file_digest(
-            stream, lambda: hashlib.md5(usedforsecurity=False)
+            stream, lambda: hashlib.new(algorithm, usedforsecurity=False)
         )
     return digest.hexdigest()
+
+
+def file_md5(path):
+    """Hex md5 of a file."""
+    return file_digest(path, "md5")
 
 
 class _Progress:
@@ -184,22 +238,26 @@ def _fetch_into(url, part):
         raise ConnectionError(f"connection closed at byte {done} of {total}")
 
 
-def download(url, path, md5, retries=3, retry_wait=5.0):
-    """Downloads `url` to `path` and checks its md5; resumes `path.part`.
+def download(url, path, md5, retries=3, retry_wait=5.0, algorithm="md5"):
+    """Downloads `url` to `path` and checks its digest; resumes `path.part`.
 
     Args:
-      url: where to get the archive.
-      path: final file; it exists only once its md5 is verified.
-      md5: expected hex md5 of the whole file.
+      url: where to get the file.
+      path: final file; it exists only once its digest is verified.
+      md5: expected hex digest of the whole file (md5 unless `algorithm`
+        says otherwise), or a prefix of it (torchvision names its files by
+        the first 8 hex digits of their sha256).
       retries: extra attempts after a broken connection or an HTTP 5xx.
       retry_wait: seconds between attempts.
+      algorithm: a `hashlib` name.
 
     Returns:
       `path`.
 
     Raises:
       DataError: unreachable after all attempts (the `.part` file is kept
-        for a later resume), HTTP 4xx, or md5 mismatch (the file is deleted).
+        for a later resume), HTTP 4xx, or digest mismatch (the file is
+        deleted).
     """
     part = path + ".part"
     for attempt in range(retries + 1):
@@ -226,12 +284,13 @@ def download(url, path, md5, retries=3, retry_wait=5.0):
             file=sys.stderr,
         )
         time.sleep(retry_wait)
-    actual = file_md5(part)
-    if actual != md5:
+    actual = file_digest(part, algorithm)
+    if not actual.startswith(md5):
         os.remove(part)
         raise DataError(
-            f"{url}: md5 of the download is {actual}, expected {md5}; "
-            f"deleted {part}. Run again, or use another --url."
+            f"{url}: {algorithm} of the download is {actual}, expected "
+            f"{md5}{'' if len(md5) == len(actual) else '...'}; deleted "
+            f"{part}. Run again, or use another --url."
         )
     os.replace(part, path)
     return path
@@ -386,27 +445,81 @@ def prepare(
     return target
 
 
+def prepare_weights(name, output_dir=None, url=None, retries=3, retry_wait=5.0):
+    """Makes `output_dir/<official file name>` the verified weights file.
+
+    Does nothing if the file is already there and verified; a file of that
+    name with another digest is not ours to delete, so it is an error.
+
+    Args:
+      name: a key of `WEIGHTS`.
+      output_dir: default `default_weights_dir(name)`.
+      url: a mirror of the same file (its digest must match).
+      retries: see `download`.
+      retry_wait: see `download`.
+
+    Returns:
+      The path of the weights file.
+    """
+    if name not in WEIGHTS:
+        raise DataError(
+            f"unknown weights {name!r}; known: {', '.join(WEIGHTS)}"
+        )
+    spec = WEIGHTS[name]
+    output_dir = output_dir or default_weights_dir(name)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, spec.filename)
+    if os.path.exists(path):
+        actual = file_digest(path, spec.algorithm)
+        if not actual.startswith(spec.digest):
+            raise DataError(
+                f"{path} exists but its {spec.algorithm} is {actual}, not "
+                f"{spec.digest}...; move it away and run again"
+            )
+        print(f"{path}: already downloaded and verified", file=sys.stderr)
+        return path
+    return download(
+        url or spec.url,
+        path,
+        spec.digest,
+        retries,
+        retry_wait,
+        algorithm=spec.algorithm,
+    )
+
+
 def main(argv=None):
-    """Command line: one dataset, one output folder; errors in one line."""
+    """Command line: one dataset or weights file; errors in one line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", required=True, choices=sorted(ARCHIVES))
-    parser.add_argument("--output_dir", default="datasets")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dataset", choices=sorted(ARCHIVES))
+    what.add_argument("--weights", choices=sorted(WEIGHTS))
+    parser.add_argument(
+        "--output_dir",
+        help="default: datasets (--dataset), see default_weights_dir "
+        "(--weights)",
+    )
     parser.add_argument(
         "--format", help="binary (default) or python for CIFAR; jpeg"
     )
-    parser.add_argument("--url", help="mirror of the official archive")
+    parser.add_argument("--url", help="mirror of the official file")
     parser.add_argument("--keep_archive", action="store_true")
     parser.add_argument("--retries", type=int, default=3)
     args = parser.parse_args(argv)
     try:
-        target = prepare(
-            args.dataset,
-            args.output_dir,
-            fmt=args.format,
-            url=args.url,
-            keep_archive=args.keep_archive,
-            retries=args.retries,
-        )
+        if args.weights:
+            target = prepare_weights(
+                args.weights, args.output_dir, args.url, args.retries
+            )
+        else:
+            target = prepare(
+                args.dataset,
+                args.output_dir or "datasets",
+                fmt=args.format,
+                url=args.url,
+                keep_archive=args.keep_archive,
+                retries=args.retries,
+            )
     except DataError as error:
         parser.exit(1, f"error: {error}\n")
     print(target)

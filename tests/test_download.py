@@ -389,3 +389,99 @@ def test_existing_folder_not_made_by_the_tool_is_left_alone(
 def test_unknown_format_is_a_clear_error(tmp_path):
     with pytest.raises(DataError, match="tinyimagenet comes as jpeg"):
         download.prepare("tinyimagenet", str(tmp_path), fmt="python")
+
+
+def _sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_weights_registry_matches_publishers_and_loaders():
+    from keras.src.applications import resnet as keras_resnet
+
+    from tf_resnet.models import pretrained
+
+    torch_file = download.WEIGHTS["resnet18"]
+    assert torch_file.filename == f"resnet18-{torch_file.digest}.pth"
+    assert torch_file.algorithm == "sha256"
+    keras_file = download.WEIGHTS["keras_resnet50"]
+    assert keras_file.filename == pretrained.KERAS_RESNET50_FILE
+    assert keras_file.url == keras_resnet.BASE_WEIGHTS_PATH + (
+        pretrained.KERAS_RESNET50_FILE
+    )
+    # (include_top md5, notop md5), as keras.applications.ResNet50 checks.
+    assert keras_file.digest == keras_resnet.WEIGHTS_HASHES["resnet50"][1]
+
+
+def test_resnet18_weights_resume_and_verify_by_sha256_prefix(
+    server, tmp_path, monkeypatch, capsys
+):
+    body = os.urandom(250_000)
+    prefix = _sha256(body)[:8]
+    name = f"resnet18-{prefix}.pth"
+    server.files[f"mirror/{name}"] = body
+    spec = download.WeightsFile(f"http://127.0.0.1:9/{name}", "sha256", prefix)
+    monkeypatch.setitem(download.WEIGHTS, "resnet18", spec)
+    out = tmp_path / "weights"
+    out.mkdir()
+    (out / f"{name}.part").write_bytes(body[:100_000])
+    argv = [
+        "--weights=resnet18",
+        f"--output_dir={out}",
+        f"--url={server.url(f'mirror/{name}')}",
+    ]
+
+    download.main(argv)
+
+    assert capsys.readouterr().out.strip() == str(out / name)
+    assert server.requests == [(f"/mirror/{name}", "bytes=100000-")]
+    assert (out / name).read_bytes() == body
+    assert os.listdir(out) == [name]
+    download.main(argv)  # Already there and verified: no request.
+    assert len(server.requests) == 1
+    assert "already downloaded and verified" in capsys.readouterr().err
+
+
+def test_weights_with_the_wrong_sha256_prefix_are_deleted(server, tmp_path):
+    body = os.urandom(20_000)
+    server.files["resnet18-f37072fd.pth"] = body  # Not torchvision's file.
+    with pytest.raises(DataError) as raised:
+        download.prepare_weights(
+            "resnet18",
+            str(tmp_path),
+            url=server.url("resnet18-f37072fd.pth"),
+            retry_wait=0,
+        )
+    message = str(raised.value)
+    assert f"sha256 of the download is {_sha256(body)}" in message
+    assert "expected f37072fd..." in message
+    assert os.listdir(tmp_path) == []
+
+
+def test_keras_weights_go_where_pretrained_imagenet_looks(
+    server, tmp_path, monkeypatch
+):
+    from tf_resnet.models import pretrained
+
+    body = os.urandom(30_000)
+    real = download.WEIGHTS["keras_resnet50"]
+    server.files[real.filename] = body
+    spec = download.WeightsFile(
+        f"http://127.0.0.1:9/{real.filename}", "md5", _md5(body)
+    )
+    monkeypatch.setitem(download.WEIGHTS, "keras_resnet50", spec)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+
+    path = download.prepare_weights(
+        "keras_resnet50", url=server.url(real.filename)
+    )
+
+    assert path == pretrained.keras_weights_path("imagenet")
+    assert pathlib.Path(path).read_bytes() == body
+
+
+def test_foreign_file_under_the_weights_name_is_left_alone(tmp_path):
+    name = download.WEIGHTS["resnet18"].filename
+    (tmp_path / name).write_bytes(b"my own fine-tuned weights")
+    with pytest.raises(DataError, match="move it away"):
+        download.prepare_weights("resnet18", str(tmp_path))
+    assert (tmp_path / name).read_bytes() == b"my own fine-tuned weights"

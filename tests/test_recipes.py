@@ -88,8 +88,7 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
 def _eval_rows(path, column="precision"):
     with open(path, newline="") as stream:
         return {
-            int(r["step"]): float(r[column])
-            for r in csv.DictReader(stream)
+            int(r["step"]): float(r[column]) for r in csv.DictReader(stream)
         }
 
 

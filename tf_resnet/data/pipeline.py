@@ -11,7 +11,8 @@ adds the parts that must be the same for every source:
   stream of training batches is a pure function of `(seed, step)`. A run
   resumed at step `s` skips `s` batches of *undecoded* elements and then sees
   exactly the batches an uninterrupted run would have seen;
-* parallel decoding and prefetching with AUTOTUNE.
+* parallel decoding and prefetching with AUTOTUNE, without tf.data's
+  autotuning thread (`pipeline_options`).
 """
 
 import tensorflow as tf
@@ -61,9 +62,7 @@ def make_pipeline(
         ds = ds.repeat()
         if options.start_step:
             ds = ds.skip(options.start_step * batch_size)
-    deterministic = tf.data.Options()
-    deterministic.deterministic = True
-    ds = ds.with_options(deterministic)
+    ds = ds.with_options(pipeline_options())
     if element_fn is not None:
         ds = ds.map(element_fn, num_parallel_calls=AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=training)
@@ -76,6 +75,27 @@ def make_pipeline(
     else:
         ds = ds.map(lambda batch: batch_fn(batch, None), AUTOTUNE)
     return ds.prefetch(AUTOTUNE)
+
+
+def pipeline_options():
+    """Deterministic order, and no autotuning thread to join at the end.
+
+    tf.data's autotuner is a thread that sleeps between optimizations (the
+    period doubles up to 60 s) and that an iterator's destructor joins.
+    TensorFlow's `CancellationManager` runs the callback that wakes it
+    before it marks itself cancelled, so the thread can wake, still see "not
+    cancelled" and sleep out the rest of its period: dropping an iterator
+    then blocks for up to a minute (observed as a pause between a run's
+    final evaluation and `done:`, and possible after every evaluation).
+    Without it, AUTOTUNE means TensorFlow's static defaults (one parallel
+    call per core) and prefetch buffers still grow (the legacy autotuner,
+    which needs no thread); the input stays far faster than the training
+    step (bench/README.md).
+    """
+    options = tf.data.Options()
+    options.deterministic = True
+    options.autotune.enabled = False
+    return options
 
 
 def _batch_seed(base_seed, step):
