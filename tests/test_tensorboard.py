@@ -26,8 +26,8 @@ from tf_resnet import summaries
 TENSORBOARD = os.path.join(os.path.dirname(sys.executable), "tensorboard")
 TRAIN_LOSS = {10: 2.25, 20: 1.5, 30: 0.875}
 EVAL = {
-    15: {"precision": 0.375, "loss": 1.75},
-    30: {"precision": 0.625, "loss": 1.125},
+    15: {"precision": 0.375, "precision_at_5": 0.875, "loss": 1.75},
+    30: {"precision": 0.625, "precision_at_5": 0.9375, "loss": 1.125},
 }
 
 
@@ -119,7 +119,15 @@ def tensorboard(tmp_path):
 def test_tensorboard_serves_precision_and_loss_of_a_run(tensorboard):
     tags = wait_for_tags(tensorboard, timeout=60)
     assert set(tags) == {"train", "eval"}
-    assert set(tags["eval"]) == {"Precision", "Best Precision", "loss"}
+    assert set(tags["eval"]) == {
+        "Precision",
+        "Best Precision",
+        "Precision@5",
+        "loss",
+    }
+    assert series(tensorboard, "eval", "Precision@5") == {
+        step: pytest.approx(r["precision_at_5"]) for step, r in EVAL.items()
+    }
     assert series(tensorboard, "eval", "Precision") == {
         step: pytest.approx(r["precision"]) for step, r in EVAL.items()
     }
