@@ -441,6 +441,12 @@ def parse_args():
     parser.add_argument(
         "--dry_run", action="store_true", help="Print the commands only."
     )
+    parser.add_argument(
+        "--results",
+        help="Comma-separated results.json files of earlier invocations "
+        "(same suite and epochs): print their joint table and plot, run "
+        "nothing.",
+    )
     args = parser.parse_args()
     suite = SUITES[args.suite]
     args.contenders = [
@@ -486,6 +492,9 @@ def main():
         for seed, contender, command, _ in plan_runs(args, "WORK_DIR"):
             print(f"-- {contender.name} seed {seed}: {' '.join(command)}")
         return
+    if args.results:
+        report(args, suite, _load_results(args.results.split(",")))
+        return
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="time_to_accuracy_")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan_runs(args, work_dir)
@@ -507,6 +516,12 @@ def main():
             {"seed": seed, "points": points, "seconds": seconds}
         )
         save_results(work_dir, args, results)
+    report(args, suite, results)
+    print(f"raw curves: {work_dir}/results.json")
+
+
+def report(args, suite, results):
+    """The Markdown table and the plot of `results`."""
     print_table(results, args.targets, args.suite, args.epochs)
     plot(
         results,
@@ -514,7 +529,17 @@ def main():
         f"{args.suite} {suite['model']}, {args.epochs} epochs, "
         f"{common.cpu_model()}",
     )
-    print(f"\nplot: {args.plot}; raw curves: {work_dir}/results.json")
+    print(f"\nplot: {args.plot}")
+
+
+def _load_results(paths):
+    """The runs of several results.json files, joined by contender."""
+    joined = {}
+    for path in paths:
+        with open(path) as stream:
+            for name, runs in json.load(stream)["results"].items():
+                joined.setdefault(name, []).extend(runs)
+    return joined
 
 
 def save_results(work_dir, args, results):

@@ -70,3 +70,21 @@ def run_main(args, timeout=300, env=None):
         env=full_env,
         cwd=ROOT,
     )
+
+
+def run_python(code, *args, timeout=300):
+    """Runs `python -c code args` from the repository root; returns stdout.
+
+    For what must start in a fresh process: thread pools, logical devices
+    and strategies are fixed once TensorFlow has started.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

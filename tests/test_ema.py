@@ -1,18 +1,13 @@
 """Exponential moving average of the weights and BatchNorm statistics."""
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.helpers import run_python
 from tf_resnet import ema as ema_lib
 from tf_resnet.models import cifar_resnet
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def small_model(seed=0):
@@ -176,24 +171,20 @@ def test_bad_decay_and_mismatched_model():
 
 MIRRORED = """
 import keras, numpy as np, tensorflow as tf
-from tf_resnet import ema as ema_lib, train_loop
+from tf_resnet import ema as ema_lib, runtime, train_loop
+from tf_resnet.config import make_config
 from tf_resnet.distribute import make_mode
 from tf_resnet.models import cifar_resnet
-mode = make_mode("mirrored", cpu_replicas=2)
-mode.set_global_batch(16)
+mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))
 keras.utils.set_random_seed(0)
 with mode.scope():
     model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))
     optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
     optimizer.build(model.trainable_variables)
     ema = ema_lib.ExponentialMovingAverage(model, 0.9, warmup=False)
-config = train_loop.TrainConfig(batch_size=16)
-replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config)
-def with_ema(images, labels):
-    metrics = replica_fn(images, labels)
-    ema.update()
-    return metrics
-step = mode.make_train_step(with_ema)
+config = make_config(batch_size=16)
+step = mode.make_train_step(
+    train_loop.make_replica_fn(model, optimizer, mode, config, ema))
 rng = np.random.default_rng(0)
 data = (rng.normal(size=(16, 8, 8, 3)).astype(np.float32),
         rng.integers(0, 10, 16).astype(np.int32))
@@ -218,16 +209,7 @@ print(int(ema.num_updates.numpy()), worst, swapped, after)
 
 def test_under_mirrored_strategy_in_the_train_step():
     """`update()` inside `strategy.run` on 2 logical CPU replicas."""
-    proc = subprocess.run(
-        [sys.executable, "-c", MIRRORED],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    updates, worst, swapped, after = proc.stdout.split()[-4:]
+    updates, worst, swapped, after = run_python(MIRRORED).split()[-4:]
     assert int(updates) == 3
     assert float(worst) < 1e-5
     assert float(swapped) < 1e-5

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_python
 from tf_resnet import runtime, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
@@ -306,18 +306,9 @@ for xla in (False, True):
 
 def test_xla_under_mirrored_strategy_computes_the_same_training():
     """The multi-GPU path (MirroredStrategy + XLA) on 2 logical CPUs."""
-    proc = subprocess.run(
-        [sys.executable, "-c", MIRRORED_XLA],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     plain, compiled = (
         [float(v) for v in line.split()]
-        for line in proc.stdout.strip().splitlines()[-2:]
+        for line in run_python(MIRRORED_XLA).strip().splitlines()[-2:]
     )
     np.testing.assert_allclose(compiled, plain, rtol=1e-3)
     assert plain[-1] < plain[0]

@@ -202,7 +202,7 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
         optimizer.apply_gradients(zip(grads, variables, strict=True))
         if ema is not None:
             ema.update()
-        if labels.shape.rank == 2:  # Mixed targets: their largest share.
+        if len(labels.shape) == 2:  # Mixed targets: their largest share.
             labels = tf.argmax(labels, -1, output_type=tf.int32)
         correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
         return {
