@@ -142,20 +142,20 @@ def model_info(config):
     """Classes, input size and class names of the run's model.
 
     From the plan the training run saved with its config; without one
-    (a checkpoint from elsewhere), from the dataset's facts.
+    (a checkpoint from elsewhere), from the dataset's facts. The input size
+    is the one `train_loop.build_model` builds the model at.
     """
     plan = config_lib.read_plan(config.run.log_root)
-    if plan is not None:
-        return types.SimpleNamespace(
-            num_classes=plan["num_classes"],
-            image_size=plan["image_size"],
-            class_names=plan.get("class_names"),
-        )
-    facts = DATASETS[config.data.dataset]
+    if plan is None:
+        facts = DATASETS[config.data.dataset]
+        plan = {
+            "num_classes": facts.num_classes,
+            "image_size": facts.image_size,
+        }
     return types.SimpleNamespace(
-        num_classes=facts.num_classes,
-        image_size=config.data.image_size or facts.image_size,
-        class_names=None,
+        num_classes=plan["num_classes"],
+        image_size=config.data.image_size or plan["image_size"],
+        class_names=plan.get("class_names"),
     )
 
 
