@@ -6,6 +6,8 @@
       --log_root=/tmp/resnet_model --model=resnet20
 
   python resnet_main.py --mode=eval --eval_once ...   # separate eval job
+  python resnet_main.py --mode=export --log_root=/tmp/resnet_model \
+      --export_dir=/tmp/resnet_export              # SavedModel, .keras
 
 TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
 """
@@ -18,8 +20,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
+from tf_resnet import export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
-from tf_resnet import runtime, train_loop  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.distribute import make_mode, parameter_server  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
@@ -33,6 +35,9 @@ def run(argv):
     try:
         config = resnet_flags.config_from_flags()
         started = runtime.start(config)
+        if config.run.mode == "export":
+            export.export(config, config.run.export_dir, config.run.checkpoint)
+            return 0
         dist = config.distribution
         server = parameter_server.server_task(**dist.cluster)
         if server:  # A ps or worker task: serve the cluster until killed.

@@ -37,6 +37,7 @@ DISTRIBUTIONS = (
 # One process per replica, started by horovodrun/mpirun.
 HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
 SERVER_JOBS = ("ps", "worker")
+MODES = ("train", "eval", "export")
 DTYPES = ("auto", "float32", "float64", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("step", "cosine", "onecycle")
 EVAL_TTA = ("none", "flip")
@@ -145,6 +146,8 @@ class RunConfig:
     checkpoint_every_steps: int = 0
     keep_checkpoints: int = 5
     steps_per_run: int = 0
+    export_dir: str = ""
+    checkpoint: str = ""
 
     def __post_init__(self):
         self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
@@ -513,10 +516,19 @@ def validate(config):
     _check_finite(config)
     data, run, optim = config.data, config.run, config.optim
     model, dist = config.model, config.distribution
-    if run.mode not in ("train", "eval"):
-        raise UserInputError(f"--mode={run.mode}: expected train or eval")
+    if run.mode not in MODES:
+        raise UserInputError(
+            f"--mode={run.mode}: expected one of {', '.join(MODES)}"
+        )
     if run.eval_once and run.mode != "eval":
         raise UserInputError("--eval_once only makes sense with --mode=eval")
+    for name in ("export_dir", "checkpoint"):
+        if getattr(run, name) and run.mode != "export":
+            raise UserInputError(
+                f"--{name} only makes sense with --mode=export"
+            )
+    if run.mode == "export" and not run.export_dir:
+        raise UserInputError("--mode=export needs --export_dir")
     if run.mode == "eval" and os.path.realpath(
         run.eval_dir
     ) == os.path.realpath(run.log_root):
@@ -536,7 +548,8 @@ def validate(config):
             f"{', '.join(DTYPES)}"
         )
     _check_choices(config)
-    if not dist.is_server_task:
+    # Export reads the checkpoint and the saved plan, no data.
+    if not dist.is_server_task and run.mode != "export":
         _check_data(data, run)
     if optim.batch_size <= 0:
         raise UserInputError(

@@ -57,7 +57,13 @@ def define_data_flags():
 
 def define_run_flags():
     """Train or eval, where outputs go, how often to log/eval/checkpoint."""
-    flags.DEFINE_enum("mode", "train", ["train", "eval"], "train or eval.")
+    flags.DEFINE_enum(
+        "mode",
+        "train",
+        list(config_lib.MODES),
+        "train, eval (the separate evaluation job) or export (the run's "
+        "model as a SavedModel and a .keras file in --export_dir).",
+    )
     flags.DEFINE_string(
         "log_root",
         "/tmp/resnet_model",
@@ -94,6 +100,18 @@ def define_run_flags():
         "Checkpoint every N steps (0: at each evaluation).",
     )
     flags.DEFINE_integer("keep_checkpoints", 5, "Checkpoints kept in log_root.")
+    flags.DEFINE_string(
+        "export_dir",
+        "",
+        "--mode=export: directory to write the SavedModel, model.keras, "
+        "labels.txt and export.json to.",
+    )
+    flags.DEFINE_string(
+        "checkpoint",
+        "",
+        "--mode=export: checkpoint to export, e.g. LOG_ROOT/ckpt-2000 "
+        "(default: the latest in --log_root).",
+    )
     flags.DEFINE_integer(
         "steps_per_run",
         0,

@@ -3,7 +3,9 @@
 `BasicBlock` (two 3x3 convs) and `Bottleneck` (1x1, 3x3, 1x1 with 4x
 expansion) are Keras layers, so a 1202-layer network is a short functional
 graph of a few stages rather than thousands of nodes (Keras' graph walk is
-recursive and overflows Python's stack on deep flat graphs).
+recursive and overflows Python's stack on deep flat graphs). They are
+registered Keras objects, so a saved `.keras` model loads wherever
+`tf_resnet.models` has been imported.
 
 Where the shape changes (stride 2 or a different channel count) the shortcut
 is either a 1x1 strided projection + BN (`"projection"`, option B of the
@@ -55,6 +57,7 @@ def conv(filters, kernel_size, strides=1, name=None, symmetric=False):
     )
 
 
+@keras.saving.register_keras_serializable(package="tf_resnet")
 class SymmetricPadConv2D(layers.Conv2D):
     """A 'valid' convolution of the input zero-padded by `k // 2` per side."""
 
@@ -103,6 +106,7 @@ def batch_norm(name=None, sync=False, zero_gamma=False):
     )
 
 
+@keras.saving.register_keras_serializable(package="tf_resnet")
 class ZeroPadShortcut(layers.Layer):
     """Option-A shortcut: stride subsampling, zero-padded extra channels."""
 
@@ -136,16 +140,28 @@ class ZeroPadShortcut(layers.Layer):
         }
 
 
+@keras.saving.register_keras_serializable(package="tf_resnet")
 class ProjectionShortcut(layers.Layer):
     """Option-B shortcut: 1x1 strided convolution followed by batch norm."""
 
     def __init__(self, out_channels, strides, sync_bn=False, **kwargs):
         super().__init__(**kwargs)
+        self.out_channels = out_channels
+        self.strides = strides
+        self.sync_bn = sync_bn
         self.conv = conv(out_channels, 1, strides, name="conv")
         self.bn = batch_norm("bn", sync_bn)
 
     def call(self, x, training=None):
         return self.bn(self.conv(x), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "out_channels": self.out_channels,
+            "strides": self.strides,
+            "sync_bn": self.sync_bn,
+        }
 
 
 def make_shortcut(kind, in_channels, out_channels, strides, sync_bn):
@@ -161,6 +177,7 @@ def make_shortcut(kind, in_channels, out_channels, strides, sync_bn):
     raise ValueError(f"shortcut must be 'zero_pad' or 'projection': {kind!r}")
 
 
+@keras.saving.register_keras_serializable(package="tf_resnet")
 class BasicBlock(layers.Layer):
     """Two 3x3 convolutions with a residual connection.
 
@@ -254,6 +271,7 @@ class BasicBlock(layers.Layer):
         }
 
 
+@keras.saving.register_keras_serializable(package="tf_resnet")
 class Bottleneck(layers.Layer):
     """1x1 reduce, 3x3, 1x1 expand (x4) with a residual connection.
 

@@ -1,0 +1,265 @@
+r"""Classifies image files with an exported model (`--mode=export`).
+
+  python -m tf_resnet.predict --model_dir=/tmp/resnet_export cat.jpg dog.png
+  python -m tf_resnet.predict --model_dir=/tmp/resnet_export \
+      --output=preds.csv cifar-10-batches-bin/test_batch.bin
+
+Each file is a JPEG or PNG image (or BMP, GIF, WebP) of any size, grayscale,
+palette and RGBA images converted to RGB; or a file of CIFAR binary records
+of the exported model's dataset (3073-byte CIFAR-10 or 3074-byte CIFAR-100
+records: `export.json` tells which), each record one image. For every image
+the top-5 classes are printed with their names and probabilities, and
+`--output` writes them as CSV. A file that cannot be read (missing, not an
+image, truncated) gets one error line naming it; the other files are still
+classified, and the exit code is then 2.
+
+Only the export directory is read: the SavedModel, whose graph holds the
+preprocessing, `labels.txt` and `export.json`. Nothing of tf-resnet's
+training code is imported, so this runs wherever TensorFlow and Pillow do.
+"""
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from PIL import Image, ImageOps, UnidentifiedImageError  # noqa: E402
+
+TOP_K = 5
+# Formats told apart by their signature bytes; ones PIL guesses from weak
+# headers (TGA) could take a record file for an image.
+IMAGE_FORMATS = ("JPEG", "PNG", "BMP", "GIF", "WEBP")
+RECORDS_PER_CALL = 256
+
+
+class UnreadableFile(Exception):
+    """A file given to classify cannot be read; the message says why."""
+
+
+@dataclasses.dataclass
+class Images:
+    """The images of one file: `pixels` uint8 `[N, H, W, 3]`.
+
+    `labels` are the true classes of record files, `None` for image files.
+    """
+
+    path: str
+    pixels: np.ndarray
+    labels: np.ndarray | None = None
+
+
+class ExportedModel:
+    """The SavedModel, class names and facts of an export directory."""
+
+    def __init__(self, model_dir):
+        with open(
+            os.path.join(model_dir, "export.json"), encoding="utf-8"
+        ) as f:
+            self.info = json.load(f)
+        with open(os.path.join(model_dir, "labels.txt"), encoding="utf-8") as f:
+            self.class_names = [line.rstrip("\n") for line in f]
+        loaded = tf.saved_model.load(model_dir)
+        self.serve = loaded.signatures[
+            self.info.get("signature", "serving_default")
+        ]
+
+    def probabilities(self, pixels):
+        """Class probabilities `[N, classes]` of uint8 images `[N, H, W, 3]`."""
+        chunks = [
+            self.serve(
+                images=tf.constant(pixels[start : start + RECORDS_PER_CALL])
+            )["probabilities"].numpy()
+            for start in range(0, len(pixels), RECORDS_PER_CALL)
+        ]
+        return np.concatenate(chunks)
+
+
+def read_image(path):
+    """An image file as uint8 `[1, H, W, 3]` RGB, upright by its EXIF tag.
+
+    Raises:
+      UnidentifiedImageError: not an image of `IMAGE_FORMATS`.
+      UnreadableFile: an image that cannot be decoded (e.g. truncated).
+    """
+    try:
+        with Image.open(path, formats=IMAGE_FORMATS) as image:
+            image = ImageOps.exif_transpose(image)
+            pixels = np.asarray(image.convert("RGB"))
+    except UnidentifiedImageError:
+        raise
+    except (OSError, SyntaxError, ValueError) as error:
+        raise UnreadableFile(f"unreadable image ({error})") from error
+    return pixels[None]
+
+
+def read_records(path, layout, num_classes):
+    """A file of CIFAR binary records as images `[N, S, S, 3]` and labels.
+
+    `layout` is `export.json`'s `cifar_record`: where the label sits in a
+    record of `record_bytes` bytes, followed by the R, G and B planes.
+
+    Raises:
+      UnreadableFile: the file is not a whole number of records, or holds
+        a label outside the model's classes.
+    """
+    size = os.path.getsize(path)
+    record_bytes = layout["record_bytes"]
+    if size == 0 or size % record_bytes:
+        raise UnreadableFile(
+            f"not a JPEG/PNG image, nor a file of {record_bytes}-byte CIFAR "
+            f"records ({size} bytes)"
+        )
+    records = np.fromfile(path, np.uint8).reshape(-1, record_bytes)
+    labels = records[:, layout["label_offset"]]
+    bad = np.flatnonzero(labels >= num_classes)
+    if bad.size:
+        raise UnreadableFile(
+            f"not a JPEG/PNG image, nor CIFAR records: record {bad[0]} has "
+            f"label {labels[bad[0]]}, outside the model's {num_classes} "
+            "classes"
+        )
+    side = layout["image_size"]
+    planes = records[:, layout["label_bytes"] :].reshape(-1, 3, side, side)
+    return planes.transpose(0, 2, 3, 1), labels
+
+
+def read_file(path, info):
+    """The images of one file given on the command line.
+
+    Raises:
+      UnreadableFile: missing, a folder, not an image nor records of the
+        model's dataset, or damaged.
+    """
+    if not os.path.exists(path):
+        raise UnreadableFile("no such file")
+    if os.path.isdir(path):
+        raise UnreadableFile("is a directory, expected an image file")
+    try:
+        return Images(path, read_image(path))
+    except UnidentifiedImageError:
+        pass
+    layout = info.get("cifar_record")
+    if layout is None:
+        raise UnreadableFile(
+            "not a JPEG/PNG image (record files are read for CIFAR models "
+            f"only, this one is for {info.get('dataset')})"
+        )
+    try:
+        pixels, labels = read_records(path, layout, info["num_classes"])
+    except OSError as error:
+        raise UnreadableFile(
+            f"unreadable ({error.strerror or error})"
+        ) from error
+    return Images(path, pixels, labels)
+
+
+def top_classes(probabilities, k=TOP_K):
+    """`[N, k]` class indices, most probable first."""
+    k = min(k, probabilities.shape[-1])
+    return np.argsort(-probabilities, axis=-1, kind="stable")[:, :k]
+
+
+def rows_of(images, probabilities, class_names):
+    """One result dict per image: its name, true label, top classes."""
+    rows = []
+    for index, top in enumerate(top_classes(probabilities)):
+        is_record = images.labels is not None
+        rows.append(
+            {
+                "file": images.path,
+                "record": index if is_record else "",
+                "label": int(images.labels[index]) if is_record else "",
+                "top": [
+                    (int(c), class_names[c], float(probabilities[index, c]))
+                    for c in top
+                ],
+            }
+        )
+    return rows
+
+
+def format_row(row, class_names):
+    """The printed line of one image."""
+    name = row["file"]
+    if row["record"] != "":
+        name += f"[{row['record']}] (label {class_names[row['label']]})"
+    classes = " | ".join(f"{n} {100 * p:.1f}%" for _, n, p in row["top"])
+    return f"{name}: {classes}"
+
+
+def write_csv(path, rows):
+    """`file, record, label` then `class_i, name_i, probability_i` columns."""
+    k = max((len(row["top"]) for row in rows), default=TOP_K)
+    header = ["file", "record", "label"]
+    for rank in range(1, k + 1):
+        header += [f"class_{rank}", f"name_{rank}", f"probability_{rank}"]
+    with open(path, "w", newline="", encoding="utf-8") as stream:
+        writer = csv.writer(stream)
+        writer.writerow(header)
+        for row in rows:
+            cells = [row["file"], row["record"], row["label"]]
+            for c, n, p in row["top"]:
+                cells += [c, n, f"{p:.6f}"]
+            writer.writerow(cells)
+
+
+def parse_args(argv):
+    """The command line: `--model_dir`, `--output` and the files."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tf_resnet.predict",
+        description="Top-5 classes of images, with an exported model.",
+    )
+    parser.add_argument(
+        "--model_dir",
+        required=True,
+        help="the --export_dir of resnet_main.py --mode=export",
+    )
+    parser.add_argument(
+        "--output", help="also write the predictions to this CSV file"
+    )
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="JPEG/PNG images, or CIFAR binary record files",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """Classifies the files; returns the exit code (2 if any was bad)."""
+    args = parse_args(argv)
+    try:
+        model = ExportedModel(args.model_dir)
+    except (OSError, ValueError, KeyError) as error:
+        print(
+            f"predict: error: --model_dir={args.model_dir}: not a readable "
+            f"export ({str(error).strip().splitlines()[0]})",
+            file=sys.stderr,
+        )
+        return 2
+    rows, failed = [], False
+    for path in args.files:
+        try:
+            images = read_file(path, model.info)
+        except UnreadableFile as error:
+            print(f"predict: error: {path}: {error}", file=sys.stderr)
+            failed = True
+            continue
+        probabilities = model.probabilities(images.pixels)
+        for row in rows_of(images, probabilities, model.class_names):
+            print(format_row(row, model.class_names))
+            rows.append(row)
+    if args.output:
+        write_csv(args.output, rows)
+    return 2 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
