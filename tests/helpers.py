@@ -10,7 +10,9 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
+import tensorflow as tf
 
 from tf_resnet.data import DATASETS
 
@@ -88,3 +90,19 @@ def run_python(code, *args, timeout=300):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
+
+
+def sgd_step(model, optimizer, images, labels):
+    """One plain training step: mean cross-entropy, gradients, update."""
+    with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        loss = tf.reduce_mean(
+            keras.losses.sparse_categorical_crossentropy(
+                labels, logits, from_logits=True
+            )
+        )
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(
+        zip(grads, model.trainable_variables, strict=True)
+    )
+    return loss

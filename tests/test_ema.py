@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import run_python
+from tests.helpers import run_python, sgd_step
 from tf_resnet import ema as ema_lib
 from tf_resnet.models import cifar_resnet
 
@@ -24,17 +24,7 @@ def make_step(model, ema):
 
     @tf.function
     def step(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.reduce_mean(
-                keras.losses.sparse_categorical_crossentropy(
-                    labels, logits, from_logits=True
-                )
-            )
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(
-            zip(grads, model.trainable_variables, strict=True)
-        )
+        sgd_step(model, optimizer, images, labels)
         ema.update()
 
     return step

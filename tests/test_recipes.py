@@ -7,20 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import run_main
+from tests.test_reliability import train_args
 from tf_resnet import config as config_lib
-
-
-def _args(synthetic, log_root, *extra):
-    return [
-        f"--train_data_path={synthetic['train']}",
-        f"--eval_data_path={synthetic['eval']}",
-        f"--log_root={log_root}",
-        "--batch_size=16",
-        "--log_every_steps=1",
-        "--eval_batch_count=2",
-        "--deterministic",
-        *extra,
-    ]
 
 
 def _sums(log_root):
@@ -50,7 +38,7 @@ def test_the_paper_recipe_trains_exactly_as_before(synthetic_cifar, tmp_path):
     floating-point sums on other CPUs).
     """
     proc = run_main(
-        _args(
+        train_args(
             synthetic_cifar,
             tmp_path,
             "--recipe=paper",
@@ -97,11 +85,13 @@ def test_ema_and_tta_survive_a_resume_and_the_eval_job(
 ):
     knobs = ["--ema_decay=0.9", "--eval_tta=flip", "--eval_every_steps=4"]
     straight, pieces = tmp_path / "straight", tmp_path / "pieces"
-    proc = run_main(_args(synthetic_cifar, straight, "--train_steps=8", *knobs))
+    proc = run_main(
+        train_args(synthetic_cifar, straight, "--train_steps=8", *knobs)
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     for _ in range(2):
         proc = run_main(
-            _args(
+            train_args(
                 synthetic_cifar,
                 pieces,
                 "--train_steps=8",

@@ -89,15 +89,7 @@ def cutmix(images, labels_onehot, seed, alpha):
     `lam ~ Beta(alpha, alpha)`, and a uniformly random centre; the same box
     for the whole batch. The labels weigh the partner by the box's area
     fraction (after clipping), the image's own label by the rest.
-
-    Args:
-      images: `[B, H, W, C]` float batch.
-      labels_onehot: `[B, num_classes]` float targets.
-      seed: `[2]` integer tensor.
-      alpha: Beta parameter; 0 or less returns the batch unchanged.
-
-    Returns:
-      `(images, labels)`.
+    Arguments and result as for `mixup`.
     """
     if alpha <= 0:
         return images, labels_onehot

@@ -30,28 +30,24 @@ class DatasetFacts:
     std: tuple[float, float, float]
 
 
-_CIFAR_SOURCES = ("binary", "pickle", "tfds")
+def _cifar(num_classes, mean, std):
+    """CIFAR-10 and CIFAR-100 differ only in classes and pixel statistics."""
+    return DatasetFacts(
+        num_classes=num_classes,
+        image_size=32,
+        pad=4,
+        sources=("binary", "pickle", "tfds"),
+        mean=mean,
+        std=std,
+    )
+
 
 # The mean and std are the pixel statistics of each training set (50,000
 # CIFAR images, 100,000 TinyImageNet images) that torchvision-based recipes
 # use with `transforms.Normalize`.
 DATASETS = {
-    "cifar10": DatasetFacts(
-        num_classes=10,
-        image_size=32,
-        pad=4,
-        sources=_CIFAR_SOURCES,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-    ),
-    "cifar100": DatasetFacts(
-        num_classes=100,
-        image_size=32,
-        pad=4,
-        sources=_CIFAR_SOURCES,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
-    ),
+    "cifar10": _cifar(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": _cifar(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "tinyimagenet": DatasetFacts(
         num_classes=200,
         image_size=64,

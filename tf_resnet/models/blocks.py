@@ -177,8 +177,41 @@ def make_shortcut(kind, in_channels, out_channels, strides, sync_bn):
     raise ValueError(f"shortcut must be 'zero_pad' or 'projection': {kind!r}")
 
 
+class _ResidualBlock(layers.Layer):
+    """The options every residual block takes, kept for `get_config`."""
+
+    def __init__(
+        self,
+        filters,
+        strides=1,
+        shortcut="projection",
+        sync_bn=False,
+        symmetric_padding=False,
+        zero_init_residual=False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.filters = filters
+        self.strides = strides
+        self.shortcut_kind = shortcut
+        self.sync_bn = sync_bn
+        self.symmetric_padding = symmetric_padding
+        self.zero_init_residual = zero_init_residual
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "filters": self.filters,
+            "strides": self.strides,
+            "shortcut": self.shortcut_kind,
+            "sync_bn": self.sync_bn,
+            "symmetric_padding": self.symmetric_padding,
+            "zero_init_residual": self.zero_init_residual,
+        }
+
+
 @keras.saving.register_keras_serializable(package="tf_resnet")
-class BasicBlock(layers.Layer):
+class BasicBlock(_ResidualBlock):
     """Two 3x3 convolutions with a residual connection.
 
     Args:
@@ -208,14 +241,16 @@ class BasicBlock(layers.Layer):
         zero_init_residual=False,
         **kwargs,
     ):
-        super().__init__(**kwargs)
-        self.filters = filters
-        self.strides = strides
-        self.shortcut_kind = shortcut
+        super().__init__(
+            filters,
+            strides,
+            shortcut,
+            sync_bn,
+            symmetric_padding,
+            zero_init_residual,
+            **kwargs,
+        )
         self.preact = preact
-        self.sync_bn = sync_bn
-        self.symmetric_padding = symmetric_padding
-        self.zero_init_residual = zero_init_residual
         self.conv1 = conv(
             filters, 3, strides, name="conv1", symmetric=symmetric_padding
         )
@@ -259,20 +294,11 @@ class BasicBlock(layers.Layer):
         return y + residual
 
     def get_config(self):
-        return {
-            **super().get_config(),
-            "filters": self.filters,
-            "strides": self.strides,
-            "shortcut": self.shortcut_kind,
-            "preact": self.preact,
-            "sync_bn": self.sync_bn,
-            "symmetric_padding": self.symmetric_padding,
-            "zero_init_residual": self.zero_init_residual,
-        }
+        return {**super().get_config(), "preact": self.preact}
 
 
 @keras.saving.register_keras_serializable(package="tf_resnet")
-class Bottleneck(layers.Layer):
+class Bottleneck(_ResidualBlock):
     """1x1 reduce, 3x3, 1x1 expand (x4) with a residual connection.
 
     The stride sits on the 3x3 convolution (the torchvision "ResNet v1.5"
@@ -281,31 +307,19 @@ class Bottleneck(layers.Layer):
 
     expansion = 4
 
-    def __init__(
-        self,
-        filters,
-        strides=1,
-        shortcut="projection",
-        sync_bn=False,
-        symmetric_padding=False,
-        zero_init_residual=False,
-        **kw,
-    ):
-        super().__init__(**kw)
-        self.filters = filters
-        self.strides = strides
-        self.shortcut_kind = shortcut
-        self.sync_bn = sync_bn
-        self.symmetric_padding = symmetric_padding
-        self.zero_init_residual = zero_init_residual
+    def __init__(self, filters, strides=1, **options):
+        super().__init__(filters, strides, **options)
+        sync_bn = self.sync_bn
         self.conv1 = conv(filters, 1, name="conv1")
         self.bn1 = batch_norm("bn1", sync_bn)
         self.conv2 = conv(
-            filters, 3, strides, name="conv2", symmetric=symmetric_padding
+            filters, 3, strides, name="conv2", symmetric=self.symmetric_padding
         )
         self.bn2 = batch_norm("bn2", sync_bn)
         self.conv3 = conv(filters * self.expansion, 1, name="conv3")
-        self.bn3 = batch_norm("bn3", sync_bn, zero_gamma=zero_init_residual)
+        self.bn3 = batch_norm(
+            "bn3", sync_bn, zero_gamma=self.zero_init_residual
+        )
 
     build = BasicBlock.build
 
@@ -317,17 +331,6 @@ class Bottleneck(layers.Layer):
         y = keras.ops.relu(self.bn2(self.conv2(y), training=training))
         y = self.bn3(self.conv3(y), training=training)
         return keras.ops.relu(y + residual)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "filters": self.filters,
-            "strides": self.strides,
-            "shortcut": self.shortcut_kind,
-            "sync_bn": self.sync_bn,
-            "symmetric_padding": self.symmetric_padding,
-            "zero_init_residual": self.zero_init_residual,
-        }
 
 
 def stage(block, filters, num_blocks, strides, name, **block_options):
