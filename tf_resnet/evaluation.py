@@ -125,12 +125,7 @@ def build_eval_dataset(config, mode, split=None):
     `split`: the evaluation split if already opened (else opened here).
     """
     if split is None:
-        split = data.open_split(
-            config.data.dataset,
-            config.data.split_path(training=False),
-            training=False,
-            source=config.data.data_source,
-        )
+        split = data.split_of(config, training=False)
     num_shards, shard_index = mode.eval_shard()
     return split.dataset(
         config.optim.eval_batch_size or config.optim.batch_size,

@@ -63,16 +63,6 @@ class RunPlan:
     class_names: list | None = None
 
 
-def open_split(config, training):
-    """A split of the config's dataset, listed and validated once."""
-    return data.open_split(
-        config.data.dataset,
-        config.data.split_path(training),
-        training=training,
-        source=config.data.data_source,
-    )
-
-
 def plan_run(config, split):
     """Derives step counts from the opened training split."""
     run = config.run
@@ -363,7 +353,7 @@ def train(config, mode):
     Returns:
       dict with the final `step` and last evaluation `precision`.
     """
-    split = open_split(config, training=True)
+    split = data.split_of(config, training=True)
     plan = plan_run(config, split)
     if not mode.is_chief:
         return _train(config, mode, plan, split)
@@ -484,7 +474,7 @@ def evaluate_only(config, mode):
     from the step plan the training run saved in `log_root`. Writes only
     to `--eval_dir` (never `log_root` itself: `config.validate`).
     """
-    split = open_split(config, training=False)
+    split = data.split_of(config, training=False)
     model = build_model(config, mode, split)
     evaluation.continuous_eval(
         config,
@@ -501,6 +491,6 @@ def _epoch_of_step(config, step):
     if plan is None:
         if not config.data.train_data_path:
             return float("nan")
-        split = open_split(config, training=True)
+        split = data.split_of(config, training=True)
         plan = dataclasses.asdict(plan_run(config, split))
     return step / plan["steps_per_epoch"]

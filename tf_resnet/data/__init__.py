@@ -18,6 +18,7 @@ from tf_resnet.errors import DataError, UserInputError
 
 __all__ = [
     "input_options",
+    "split_of",
     "DATASETS",
     "DatasetFacts",
     "InputOptions",
@@ -110,6 +111,16 @@ def open_split(dataset, path, *, training, source=None):
     if source in _FILE_READERS:
         return reader(dataset, path, training, files=files)
     return reader(dataset, path, training)
+
+
+def split_of(config, training):
+    """The training or evaluation split of a run's `config.Config`."""
+    return open_split(
+        config.data.dataset,
+        config.data.split_path(training),
+        training=training,
+        source=config.data.data_source,
+    )
 
 
 def input_options(config, **options):

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet.config import SERVER_JOBS, read_tf_config
+from tf_resnet.config import SERVER_JOBS, DistributionConfig, read_tf_config
 from tf_resnet.distribute import base
 from tf_resnet.errors import UserInputError
 
@@ -108,28 +108,24 @@ def _check_task(cluster, job_name, task_index, source):
 def server_task(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
     """The resolver of this process if it is a ps or worker task, else None.
 
-    A task is named by `--job_name=ps|worker`, or by a `TF_CONFIG` whose
-    cluster has a `ps` job (so a `TF_CONFIG` written for multi-worker
-    all-reduce training is not mistaken for one).
+    Which processes are tasks is `config.DistributionConfig.is_server_task`
+    (`--job_name=ps|worker`, or a `TF_CONFIG` naming such a task of a
+    cluster with ps); this adds the checks of the flags that name one.
     """
-    if job_name:
-        if job_name not in (*SERVER_JOBS, "chief"):
-            raise UserInputError(
-                f"--job_name={job_name}: expected ps, worker or chief"
-            )
-        if job_name == "chief":
-            return None
-        if not (ps_hosts and worker_hosts):
-            raise UserInputError(
-                f"--job_name={job_name} needs --ps_hosts and --worker_hosts"
-            )
-        return cluster_resolver(ps_hosts, worker_hosts, job_name, task_index)
-    config = read_tf_config()
-    if "ps" not in config.get("cluster", {}):
+    if job_name and job_name not in (*SERVER_JOBS, "chief"):
+        raise UserInputError(
+            f"--job_name={job_name}: expected ps, worker or chief"
+        )
+    role = DistributionConfig(job_name=job_name or None)
+    if not role.is_server_task:
         return None
-    if config.get("task", {}).get("type") not in SERVER_JOBS:
-        return None
-    return cluster_resolver()
+    if not job_name:
+        return cluster_resolver()
+    if not (ps_hosts and worker_hosts):
+        raise UserInputError(
+            f"--job_name={job_name} needs --ps_hosts and --worker_hosts"
+        )
+    return cluster_resolver(ps_hosts, worker_hosts, job_name, task_index)
 
 
 def run_server(resolver):
