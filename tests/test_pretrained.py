@@ -8,6 +8,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 from tests.helpers import run_main, write_cifar_records
+from tf_resnet import config as config_lib
 from tf_resnet import train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import base, tf_strategy
@@ -377,3 +378,44 @@ def test_preset_sets_defaults_and_explicit_flags_win(tmp_path):
         proc.stderr
     )
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "preset, distribution",
+    [
+        ("course_sync_cifar100", "horovod"),
+        ("course_async_cifar100", "parameter_server"),
+    ],
+)
+def test_distributed_presets_are_course_cifar100_on_a_cluster(
+    tmp_path, preset, distribution
+):
+    values = config_lib.flatten(config_lib.Config())
+    values.update(
+        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
+    )
+    course = config_lib.flatten(
+        config_lib.resolve({**values, "preset": "course_cifar100"}, set())
+    )
+    flat = config_lib.flatten(
+        config_lib.resolve({**values, "preset": preset}, set())
+    )
+    assert flat["distribution"] == distribution
+    # The same network, data, epochs, peak rate at batch 128 and decay.
+    for name in (
+        "dataset", "model", "train_epochs", "learning_rate",
+        "lr_decay_fractions", "weight_decay", "normalization",
+    ):  # fmt: skip
+        assert flat[name] == course[name], name
+    # Explicit flags still win over the preset (a smaller cluster, a test).
+    mine = config_lib.resolve(
+        {**values, "preset": preset, "batch_size": 16, "model": "resnet20"},
+        {"batch_size", "model"},
+    )
+    assert (mine.optim.batch_size, mine.model.model) == (16, "resnet20")
+    assert mine.distribution.distribution == distribution
+    # validate still runs on the layered result.
+    with pytest.raises(UserInputError, match="--batch_size must be positive"):
+        config_lib.resolve(
+            {**values, "preset": preset, "batch_size": 0}, {"batch_size"}
+        )

@@ -302,6 +302,33 @@ PRESETS = {
         "lr_decay_fractions": (0.5, 0.75),
         "weight_decay": 5e-4,
     },
+    # course_cifar100 on several ranks, one all-reduced update per step:
+    # a fixed global batch, so any rank count runs the same optimisation.
+    "course_sync_cifar100": {
+        "dataset": "cifar100",
+        "model": "course_resnet",
+        "distribution": "horovod",
+        "train_epochs": 60,
+        "batch_size": 512,
+        "learning_rate": 0.1,
+        "warmup_epochs": 5,
+        "lr_decay_fractions": (0.5, 0.75),
+        "weight_decay": 5e-4,
+    },
+    # course_cifar100 on parameter servers: each step is one worker's
+    # update; less momentum, as stale gradients add momentum of their own.
+    "course_async_cifar100": {
+        "dataset": "cifar100",
+        "model": "course_resnet",
+        "distribution": "parameter_server",
+        "train_epochs": 60,
+        "batch_size": 128,
+        "learning_rate": 0.1,
+        "warmup_epochs": 2,
+        "lr_decay_fractions": (0.5, 0.75),
+        "momentum": 0.5,
+        "weight_decay": 5e-4,
+    },
     "resnet18_cifar100": {
         "dataset": "cifar100",
         "model": "resnet18",
