@@ -1,0 +1,176 @@
+# The body of the course's batch jobs, sourced by scripts/slurm/*.sbatch and
+# scripts/pbs/*.pbs after their scheduler header. Those files only set
+# SCHEDULER (slurm or pbs) and REPO and call one function below, so the
+# commands that run are the same under both schedulers; only how the
+# allocation is read and how tasks reach other nodes differ.
+#
+# Environment (all optional; the defaults assume the job was submitted from
+# the repository root, which holds .venv/):
+#   REPO         the repository (default: the submit directory)
+#   PYTHON       its interpreter (default: $REPO/.venv/bin/python)
+#   DATA_ROOT    where the datasets are (default: $HOME/data):
+#                cifar-100-binary/{train,test}.bin, tiny-imagenet-200/
+#   TRAIN_DATA, EVAL_DATA  the files of this task (default: under DATA_ROOT)
+#   PRETRAINED   resnet18_cifar100's ImageNet weights
+#                (default: $REPO/weights/resnet18-f37072fd.pth)
+#   LOG_ROOT     the run directory (default: $HOME/runs/<preset>-<job id>);
+#                resubmitting with the same LOG_ROOT resumes the run
+#   EXTRA_FLAGS  appended to every resnet_main.py command; they win over the
+#                preset (e.g. "--train_epochs=30 --dtype=float32")
+#   HOROVOD_FLAGS  sync task: extra horovodrun flags
+#                (e.g. "--network-interface ib0")
+#   NUM_PS       async task: how many tasks are parameter servers (default 1)
+#   PS_PORT      async task: task i listens on PS_PORT + i (default 2222)
+
+PYTHON=${PYTHON:-$REPO/.venv/bin/python}
+DATA_ROOT=${DATA_ROOT:-$HOME/data}
+read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
+
+log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
+
+job_id() {
+  if [[ $SCHEDULER == slurm ]]; then
+    echo "$SLURM_JOB_ID"
+  else
+    echo "${PBS_JOBID%%.*}"
+  fi
+}
+
+# One line per task slot of the allocation, its host, in task order.
+job_slots() {
+  if [[ $SCHEDULER == pbs ]]; then
+    cat "$PBS_NODEFILE"  # Each host once per slot (ppn), in order.
+    return
+  fi
+  # SLURM_TASKS_PER_NODE reads like "4(x2),2": 4 tasks on each of the
+  # first two hosts, then 2.
+  local hosts counts=() item count times i k
+  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
+  IFS=, read -ra items <<<"$SLURM_TASKS_PER_NODE"
+  for item in "${items[@]}"; do
+    count=${item%%(*}
+    times=1
+    if [[ $item == *x* ]]; then
+      times=${item#*x}
+      times=${times%)}
+    fi
+    for ((k = 0; k < times; k++)); do counts+=("$count"); done
+  done
+  for i in "${!hosts[@]}"; do
+    for ((k = 0; k < counts[i]; k++)); do echo "${hosts[i]}"; done
+  done
+}
+
+# The data flags of a preset's dataset.
+data_flags() {
+  local train eval
+  case $1 in
+    course_tinyimagenet)
+      train=$DATA_ROOT/tiny-imagenet-200
+      eval=$DATA_ROOT/tiny-imagenet-200
+      ;;
+    *)
+      train=$DATA_ROOT/cifar-100-binary/train.bin
+      eval=$DATA_ROOT/cifar-100-binary/test.bin
+      ;;
+  esac
+  echo "--train_data_path=${TRAIN_DATA:-$train}"
+  echo "--eval_data_path=${EVAL_DATA:-$eval}"
+  echo "--log_root=${LOG_ROOT:-$HOME/runs/$1-$(job_id)}"
+  if [[ $1 == resnet18_cifar100 ]]; then
+    echo "--pretrained=${PRETRAINED:-$REPO/weights/resnet18-f37072fd.pth}"
+  fi
+}
+
+# A single-node task: one resnet_main.py process.
+train_single() {
+  local preset=$1 flags
+  mapfile -t flags < <(data_flags "$preset")
+  cd "$REPO"
+  log "$preset on $(hostname)"
+  "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" "${EXTRA[@]}"
+}
+
+# Synchronous all-reduce: one Horovod rank per task slot, on every node.
+train_sync() {
+  local preset=$1 flags hosts ranks horovod_flags
+  mapfile -t flags < <(data_flags "$preset")
+  read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
+  # host1:4,host2:4 in allocation order.
+  hosts=$(job_slots | awk '!n[$1]++ { order[++k] = $1 } END {
+    for (i = 1; i <= k; i++) printf "%s%s:%d", (i > 1 ? "," : ""),
+      order[i], n[order[i]] }')
+  ranks=$(job_slots | wc -l)
+  cd "$REPO"
+  log "$preset: $ranks ranks on $hosts"
+  # horovodrun starts the ranks of other hosts over ssh.
+  "$(dirname "$PYTHON")/horovodrun" -np "$ranks" -H "$hosts" --gloo \
+    "${horovod_flags[@]}" \
+    "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" "${EXTRA[@]}"
+}
+
+# Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others
+# workers; the coordinator runs here, in the batch shell on the first node.
+train_async() {
+  local preset=$1 flags slots num_ps=${NUM_PS:-1} port=${PS_PORT:-2222}
+  local addresses=() ps_hosts worker_hosts i code=0
+  SERVERS=()  # The srun or pbsdsh processes that started the servers.
+  mapfile -t flags < <(data_flags "$preset")
+  mapfile -t slots < <(job_slots)
+  if ((${#slots[@]} <= num_ps)); then
+    log "error: ${#slots[@]} task slots for NUM_PS=$num_ps: no worker left"
+    return 2
+  fi
+  for i in "${!slots[@]}"; do addresses+=("${slots[i]}:$((port + i))"); done
+  ps_hosts=$(IFS=,; echo "${addresses[*]:0:num_ps}")
+  worker_hosts=$(IFS=,; echo "${addresses[*]:num_ps}")
+  cd "$REPO"
+  log "$preset: ps $ps_hosts, workers $worker_hosts"
+  # The servers get everything as arguments: pbsdsh passes no environment.
+  local task=("$REPO/scripts/ps_task.sh" "$PYTHON" "$REPO" "$ps_hosts"
+    "$worker_hosts")
+  if [[ $SCHEDULER == slurm ]]; then
+    # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
+    srun --ntasks="${#slots[@]}" --distribution=block --kill-on-bad-exit=1 \
+      "${task[@]}" &
+    SERVERS+=($!)
+  else
+    for i in "${!slots[@]}"; do
+      pbsdsh -n "$i" -- "${task[@]}" "$i" &
+      SERVERS+=($!)
+    done
+  fi
+  wait_for_servers "${addresses[@]}" || code=$?
+  if ((code == 0)); then
+    "$PYTHON" resnet_main.py --preset="$preset" --ps_hosts="$ps_hosts" \
+      --worker_hosts="$worker_hosts" "${flags[@]}" "${EXTRA[@]}" || code=$?
+  fi
+  # The servers serve until killed; the scheduler also ends any task of the
+  # job that is left when this script exits.
+  kill "${SERVERS[@]}" 2>/dev/null || true
+  wait "${SERVERS[@]}" 2>/dev/null || true
+  log "coordinator exited with code $code"
+  return "$code"
+}
+
+# Returns once every host:port accepts connections (the coordinator would
+# fail on a server that is not up yet); 1 after START_TIMEOUT seconds or
+# when a process of SERVERS has exited.
+wait_for_servers() {
+  local deadline=$((SECONDS + ${START_TIMEOUT:-300})) address pid
+  for address in "$@"; do
+    until (: <"/dev/tcp/${address%:*}/${address##*:}") 2>/dev/null; do
+      for pid in "${SERVERS[@]}"; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+          log "error: a server task exited before serving (see above)"
+          return 1
+        fi
+      done
+      if ((SECONDS > deadline)); then
+        log "error: no server at $address after ${START_TIMEOUT:-300}s"
+        return 1
+      fi
+      sleep 1
+    done
+  done
+}

@@ -1,0 +1,310 @@
+"""The course's Slurm and PBS job scripts, run for real on this machine.
+
+Each test runs a script's body under bash with the variables the scheduler
+would set for a 2-task allocation on `localhost` (a node file listing it
+twice for PBS), from a directory that is not the repository (PBS starts
+jobs in `$HOME`). The data variables point at generated CIFAR or
+Tiny-ImageNet files and `EXTRA_FLAGS` shrinks the run to a small model and
+two steps, so the very lines that would run on a cluster start real
+`resnet_main.py` processes, `horovodrun` ranks and parameter-server tasks
+here, which train and write their checkpoint and `eval.csv`.
+
+`scontrol`, `srun` and `pbsdsh` do not exist here. The tests put stand-ins
+for them on `PATH` that do what the real ones do on a one-node allocation
+(print the host list; run a command once per task with `SLURM_PROCID` set;
+run a command on node slot `-n i`). They stand in for the scheduler only:
+every training process is real.
+
+Everything runs in a loopback-only network namespace, as the local
+launchers do, since Horovod's rendezvous and TensorFlow's gRPC servers
+listen on all interfaces.
+
+To stay near 3 minutes on two cores, the single-node scripts, which differ
+only in the preset they name, are run once each but not under both
+schedulers (course_cifar100 under both, course_tinyimagenet under PBS,
+resnet18_cifar100 under Slurm); `test_every_task_has_a_script_per_scheduler`
+checks what each of the ten files runs.
+"""
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from tests.helpers import ROOT, write_cifar_records
+from tf_resnet.config import PRESETS
+
+FAKES = {
+    "scontrol": """
+        #!/bin/bash
+        # Stand-in for Slurm's scontrol: only `show hostnames LIST`, for a
+        # comma-separated LIST without ranges.
+        [[ $1 == show && $2 == hostnames ]] || exit 1
+        tr , '\\n' <<<"$3"
+    """,
+    "srun": """
+        #!/bin/bash
+        # Stand-in for Slurm's srun on a one-node allocation: runs the
+        # command once per task (--ntasks, else SLURM_NTASKS) with
+        # SLURM_PROCID set, and stops them when it is stopped.
+        ntasks=$SLURM_NTASKS
+        while [[ $1 == -* ]]; do
+          [[ $1 == --ntasks=* ]] && ntasks=${1#*=}
+          shift
+        done
+        pids=()
+        for ((i = 0; i < ntasks; i++)); do
+          SLURM_PROCID=$i "$@" &
+          pids+=($!)
+        done
+        trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 143' TERM INT
+        wait
+    """,
+    "pbsdsh": """
+        #!/bin/bash
+        # Stand-in for PBS's pbsdsh -n INDEX -- COMMAND on a one-node
+        # allocation: every slot is this host, so it runs COMMAND here.
+        [[ $1 == -n ]] || exit 1
+        export PBS_VNODENUM=$2
+        shift 2
+        [[ $1 == -- ]] && shift
+        exec "$@"
+    """,
+}
+
+# Enters a loopback-only network namespace, then runs bash SCRIPT.
+IN_PRIVATE_NETWORK = (
+    "import os, sys; from tf_resnet.launch import private_network; "
+    "private_network.enter_private_network(); "
+    "os.execvp('bash', ['bash', *sys.argv[1:]])"
+)
+SMALL = "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1"
+
+
+def scheduler_env(scheduler, home):
+    """What Slurm or PBS sets in a batch job of 2 tasks on localhost."""
+    if scheduler == "slurm":
+        return {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": "test",
+            "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_JOB_NUM_NODES": "1",
+            "SLURM_NNODES": "1",
+            "SLURM_NTASKS": "2",
+            "SLURM_NTASKS_PER_NODE": "2",
+            "SLURM_TASKS_PER_NODE": "2",
+            "SLURM_PROCID": "0",
+            "SLURM_SUBMIT_DIR": ROOT,
+        }
+    nodefile = home / "nodefile"
+    nodefile.write_text("localhost\nlocalhost\n")
+    return {
+        "PBS_JOBID": "4242.pbsserver",
+        "PBS_JOBNAME": "test",
+        "PBS_NODEFILE": str(nodefile),
+        "PBS_O_WORKDIR": ROOT,
+        "PBS_NP": "2",
+    }
+
+
+def run_job(script, scheduler, home, data_env, timeout=240):
+    """Runs `scripts/<scheduler>/<script>` as the scheduler would.
+
+    Returns:
+      `(exit code, output)`; any process the job left is killed after
+      it and reported in the output.
+    """
+    fakes = home / "scheduler-bin"
+    fakes.mkdir(exist_ok=True)
+    for name, text in FAKES.items():
+        path = fakes / name
+        path.write_text(textwrap.dedent(text).lstrip())
+        path.chmod(0o755)
+    env = {
+        "PATH": f"{fakes}:{os.environ['PATH']}",
+        "HOME": str(home),
+        "PYTHONPATH": ROOT,
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        **scheduler_env(scheduler, home),
+        **data_env,
+    }
+    output = home / "job.out"
+    with open(output, "w") as stream:
+        job = subprocess.Popen(
+            [sys.executable, "-c", IN_PRIVATE_NETWORK,
+             os.path.join(ROOT, "scripts", scheduler, script)],
+            cwd=home, env=env, stdout=stream, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            code = job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        left = _kill_session(job.pid)
+    text = output.read_text()
+    if left:
+        text += "\n[test] processes left after the job, killed\n"
+    assert code is not None, f"{script} still running after {timeout}s:\n"
+    return code, text
+
+
+def _kill_session(pid):
+    """Kills what is left of the job's process group; True if anything was."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def assert_trained(log_root, text, steps=2):
+    assert os.path.exists(log_root / f"ckpt-{steps}.index"), text[-4000:]
+    with open(log_root / "eval.csv") as stream:
+        rows = list(csv.DictReader(stream))
+    assert int(rows[-1]["step"]) == steps, rows
+
+
+@pytest.fixture(scope="module")
+def cifar100(tmp_path_factory):
+    """CIFAR-100 binary files, as the cifar100 presets read."""
+    folder = tmp_path_factory.mktemp("cifar100")
+    write_cifar_records(folder / "train.bin", "cifar100", 64, seed=0)
+    write_cifar_records(folder / "test.bin", "cifar100", 16, seed=1)
+    return {
+        "TRAIN_DATA": str(folder / "train.bin"),
+        "EVAL_DATA": str(folder / "test.bin"),
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_imagenet(tmp_path_factory):
+    """A DATA_ROOT with a small tiny-imagenet-200/ in the official layout."""
+    from tests.test_tinyimagenet import write_tiny_imagenet
+
+    root = tmp_path_factory.mktemp("data")
+    write_tiny_imagenet(str(root / "tiny-imagenet-200"))
+    return {"DATA_ROOT": str(root)}
+
+
+@pytest.fixture(scope="module")
+def resnet18_weights(tmp_path_factory):
+    """A torchvision-style ResNet-18 state dict (random), for PRETRAINED."""
+    from tests.test_pretrained import state_dict_of
+    from tf_resnet.models import build_model
+
+    path = tmp_path_factory.mktemp("weights") / "resnet18.npz"
+    model = build_model("resnet18", 100, (32, 32, 3), stem="cifar")
+    np.savez(path, **state_dict_of(model))
+    return str(path)
+
+
+SCHEDULERS = ["slurm", "pbs"]
+EXTENSION = {"slurm": "sbatch", "pbs": "pbs"}
+TASKS = (
+    "course_cifar100",
+    "course_tinyimagenet",
+    "resnet18_cifar100",
+    "course_sync_cifar100",
+    "course_async_cifar100",
+)
+# How course_job.sh runs a preset, by the preset's distribution.
+RUNNER = {None: "train_single", "horovod": "train_sync"}
+RUNNER["parameter_server"] = "train_async"
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_every_task_has_a_script_per_scheduler(scheduler):
+    folder = os.path.join(ROOT, "scripts", scheduler)
+    assert sorted(os.listdir(folder)) == sorted(
+        f"{task}.{EXTENSION[scheduler]}" for task in TASKS
+    )
+    for task in TASKS:
+        path = os.path.join(folder, f"{task}.{EXTENSION[scheduler]}")
+        with open(path) as stream:
+            text = stream.read()
+        assert os.access(path, os.X_OK), path
+        # Named after its task, and it runs that task's preset the way the
+        # preset's distribution needs.
+        name = "--job-name=" if scheduler == "slurm" else "-N "
+        assert re.search(rf"^#(SBATCH|PBS) {name}{task}$", text, re.M), path
+        runner = RUNNER[PRESETS[task].get("distribution")]
+        assert text.rstrip().endswith(f"\n{runner} {task}"), path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_course_cifar100(scheduler, tmp_path, cifar100):
+    code, text = run_job(
+        f"course_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**cifar100, "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    # The default run directory: $HOME/runs/<preset>-<job id>.
+    assert_trained(tmp_path / "runs" / "course_cifar100-4242", text)
+    assert "training resnet20 on cifar100" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["pbs"])
+def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
+    log_root = tmp_path / "tin"
+    code, text = run_job(
+        f"course_tinyimagenet.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**tiny_imagenet, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert_trained(log_root, text)
+    assert "on tinyimagenet" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["slurm"])
+def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
+    log_root = tmp_path / "r18"
+    # The preset's network and weights, at 32x32 with the small-image stem
+    # the weights were made for.
+    small = SMALL.replace("--model=resnet20", "--image_size=32 --stem=cifar")
+    code, text = run_job(
+        f"resnet18_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**cifar100, "PRETRAINED": resnet18_weights, "LOG_ROOT": str(log_root),
+         "EXTRA_FLAGS": f"{small} --eval_batch_count=1"},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert_trained(log_root, text)
+    assert "training resnet18 on cifar100" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
+    log_root = tmp_path / "sync"
+    code, text = run_job(
+        f"course_sync_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert "2 ranks on localhost:2" in text
+    assert "distribution horovod" in text
+    assert_trained(log_root, text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_course_async_cifar100(scheduler, tmp_path, cifar100):
+    log_root = tmp_path / "async"
+    code, text = run_job(
+        f"course_async_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert "ps localhost:2222, workers localhost:2223" in text
+    assert "steps run per worker: [2]" in text
+    assert_trained(log_root, text)
+    # The script stopped the servers it started.
+    assert "processes left after the job" not in text
