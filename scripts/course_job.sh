@@ -21,10 +21,14 @@
 #                (e.g. "--network-interface ib0")
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
 #   PS_PORT      async task: task i listens on PS_PORT + i (default 2222)
+#   STOP_TIMEOUT async task: seconds the coordinator has to checkpoint and
+#                exit after a stop signal or a lost server (default 120)
 
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 DATA_ROOT=${DATA_ROOT:-$HOME/data}
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
+# ${a[@]+"${a[@]}"}: an empty array, which bash before 4.4 calls unbound
+# under set -u.
 
 log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
 
@@ -61,8 +65,8 @@ job_slots() {
   done
 }
 
-# The data flags of a preset's dataset.
-data_flags() {
+# The flags of a task: its data, run directory and weights.
+task_flags() {
   local train eval
   case $1 in
     course_tinyimagenet)
@@ -85,16 +89,17 @@ data_flags() {
 # A single-node task: one resnet_main.py process.
 train_single() {
   local preset=$1 flags
-  mapfile -t flags < <(data_flags "$preset")
+  mapfile -t flags < <(task_flags "$preset")
   cd "$REPO"
   log "$preset on $(hostname)"
-  "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" "${EXTRA[@]}"
+  "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
+    ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
 # Synchronous all-reduce: one Horovod rank per task slot, on every node.
 train_sync() {
   local preset=$1 flags hosts ranks horovod_flags
-  mapfile -t flags < <(data_flags "$preset")
+  mapfile -t flags < <(task_flags "$preset")
   read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
   # host1:4,host2:4 in allocation order.
   hosts=$(job_slots | awk '!n[$1]++ { order[++k] = $1 } END {
@@ -105,8 +110,9 @@ train_sync() {
   log "$preset: $ranks ranks on $hosts"
   # horovodrun starts the ranks of other hosts over ssh.
   "$(dirname "$PYTHON")/horovodrun" -np "$ranks" -H "$hosts" --gloo \
-    "${horovod_flags[@]}" \
-    "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" "${EXTRA[@]}"
+    ${horovod_flags[@]+"${horovod_flags[@]}"} \
+    "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
+    ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
 # Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others
@@ -115,7 +121,7 @@ train_async() {
   local preset=$1 flags slots num_ps=${NUM_PS:-1} port=${PS_PORT:-2222}
   local addresses=() ps_hosts worker_hosts i code=0
   SERVERS=()  # The srun or pbsdsh processes that started the servers.
-  mapfile -t flags < <(data_flags "$preset")
+  mapfile -t flags < <(task_flags "$preset")
   mapfile -t slots < <(job_slots)
   if ((${#slots[@]} <= num_ps)); then
     log "error: ${#slots[@]} task slots for NUM_PS=$num_ps: no worker left"
@@ -143,7 +149,9 @@ train_async() {
   wait_for_servers "${addresses[@]}" || code=$?
   if ((code == 0)); then
     "$PYTHON" resnet_main.py --preset="$preset" --ps_hosts="$ps_hosts" \
-      --worker_hosts="$worker_hosts" "${flags[@]}" "${EXTRA[@]}" || code=$?
+      --worker_hosts="$worker_hosts" "${flags[@]}" \
+      ${EXTRA[@]+"${EXTRA[@]}"} &
+    watch_coordinator $! || code=$?
   fi
   # The servers serve until killed; the scheduler also ends any task of the
   # job that is left when this script exits.
@@ -153,19 +161,48 @@ train_async() {
   return "$code"
 }
 
+# Waits for the coordinator (pid $1); returns its exit code. A stop signal
+# to the job is passed on to it (SIGTERM: it writes a checkpoint and
+# exits). A server that exits stops it too: TensorFlow's coordinator would
+# wait for a lost worker until the job's time limit. If it has not exited
+# STOP_TIMEOUT seconds (default 120) after SIGTERM, it is killed.
+watch_coordinator() {
+  local coordinator=$1 stop_at=0
+  trap 'kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' TERM INT
+  while kill -0 "$coordinator" 2>/dev/null; do
+    if ((!stop_at)) && ! servers_alive; then
+      log "error: a server task exited; stopping the coordinator"
+      kill -TERM "$coordinator" 2>/dev/null
+      stop_at=$SECONDS
+    elif ((stop_at && SECONDS - stop_at > ${STOP_TIMEOUT:-120})); then
+      log "the coordinator still runs ${STOP_TIMEOUT:-120}s later; killing it"
+      kill -KILL "$coordinator" 2>/dev/null
+    fi
+    sleep 2
+  done
+  trap - TERM INT
+  wait "$coordinator"
+}
+
+servers_alive() {
+  local pid
+  for pid in "${SERVERS[@]}"; do
+    kill -0 "$pid" 2>/dev/null || return 1
+  done
+}
+
 # Returns once every host:port accepts connections (the coordinator would
 # fail on a server that is not up yet); 1 after START_TIMEOUT seconds or
 # when a process of SERVERS has exited.
 wait_for_servers() {
-  local deadline=$((SECONDS + ${START_TIMEOUT:-300})) address pid
+  local deadline=$((SECONDS + ${START_TIMEOUT:-300})) address
   for address in "$@"; do
-    until (: <"/dev/tcp/${address%:*}/${address##*:}") 2>/dev/null; do
-      for pid in "${SERVERS[@]}"; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-          log "error: a server task exited before serving (see above)"
-          return 1
-        fi
-      done
+    until timeout 5 bash -c ': <"/dev/tcp/$1/$2"' _ "${address%:*}" \
+      "${address##*:}" 2>/dev/null; do
+      if ! servers_alive; then
+        log "error: a server task exited before serving (see above)"
+        return 1
+      fi
       if ((SECONDS > deadline)); then
         log "error: no server at $address after ${START_TIMEOUT:-300}s"
         return 1
