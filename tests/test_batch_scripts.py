@@ -55,10 +55,12 @@ FAKES = {
         #!/bin/bash
         # Stand-in for Slurm's srun on a one-node allocation: runs the
         # command once per task (--ntasks, else SLURM_NTASKS) with
-        # SLURM_PROCID set, and stops them when it is stopped.
-        ntasks=$SLURM_NTASKS
+        # SLURM_PROCID set; stops them when it is stopped, or, with
+        # --kill-on-bad-exit=1, when one of them fails.
+        ntasks=$SLURM_NTASKS kill_on_bad_exit=0
         while [[ $1 == -* ]]; do
           [[ $1 == --ntasks=* ]] && ntasks=${1#*=}
+          [[ $1 == --kill-on-bad-exit=1 ]] && kill_on_bad_exit=1
           shift
         done
         pids=()
@@ -66,8 +68,14 @@ FAKES = {
           SLURM_PROCID=$i "$@" &
           pids+=($!)
         done
-        trap 'kill "${pids[@]}" 2>/dev/null; wait; exit 143' TERM INT
-        wait
+        stop() { kill "${pids[@]}" 2>/dev/null; wait; exit "$1"; }
+        trap 'stop 143' TERM INT
+        status=0
+        for ((left = ntasks; left > 0; left--)); do
+          wait -n || status=$?
+          ((status && kill_on_bad_exit)) && stop "$status"
+        done
+        exit "$status"
     """,
     "pbsdsh": """
         #!/bin/bash
