@@ -7,6 +7,9 @@
 #   ./setup.sh demo   # set up, then train + evaluate on generated data (offline)
 #   ./setup.sh test   # set up, then lint and run the test suite
 #   ./setup.sh env    # set up only; the environment is linked at ./.venv
+#
+# TF_RESNET_REQUIREMENTS=requirements-latest.txt selects the newest
+# TensorFlow without Horovod (its own cached virtualenv).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -36,6 +39,7 @@ install_build_packages() {
 }
 
 build_horovod_wheel() {
+  [ -n "$HOROVOD_VERSION" ] || return 0  # A requirement set without Horovod.
   ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1 && return
   install_build_packages
   log "building horovod $HOROVOD_VERSION against $TF_PIN (a few minutes)"

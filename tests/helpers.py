@@ -12,11 +12,22 @@ import sys
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tf_resnet.data import DATASETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+HAS_HOROVOD = importlib.util.find_spec("horovod") is not None
+
+# Horovod builds against TensorFlow <= 2.18 only, so the newest requirement
+# set (requirements-latest.txt) has none; `test_requirement_sets` makes sure
+# the pinned set never skips these.
+requires_horovod = pytest.mark.skipif(
+    not HAS_HOROVOD,
+    reason="Horovod is not installed (requirements-latest.txt has none)",
+)
 
 
 def load_data_script(name):

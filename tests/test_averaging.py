@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 
 from tests import horovod_runs
+from tests.helpers import requires_horovod
 from tests.horovod_runs import Spec
 from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError
+
+pytestmark = requires_horovod
 
 
 def test_averaging_every_step_equals_synchronous_sgd():

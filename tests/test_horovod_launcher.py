@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, requires_horovod
 from tests.test_parameter_server import listening_ports
 from tf_resnet.launch import horovod
 
@@ -52,6 +52,7 @@ def _net_namespace(pid):
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
+@requires_horovod
 @pytest.mark.parametrize("network", ["private", "host"])
 def test_rendezvous_listens_only_inside_the_private_namespace(
     tmp_path, network
@@ -137,6 +138,7 @@ def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert "no horovodrun next to" in capsys.readouterr().err
 
 
+@requires_horovod
 def test_auto_distribution_sees_the_horovod_ranks(synthetic_cifar, tmp_path):
     """The design card's usage, no --distribution: one 2-rank run, not two."""
     proc = subprocess.run(

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests import horovod_runs
-from tests.helpers import ROOT, run_main
+from tests.helpers import ROOT, requires_horovod, run_main
 from tests.test_training import checkpoint_weights, eval_rows, scalars
 
 
@@ -184,6 +184,7 @@ def test_full_disk_while_checkpointing_keeps_last_checkpoint(
     assert re.search(r"eval \S+ckpt-2: precision", evaluated.stderr)
 
 
+@requires_horovod
 def test_horovod_ranks_resume_together_like_an_uninterrupted_run(
     synthetic_cifar, tmp_path
 ):

@@ -64,7 +64,17 @@ def _horovod_mode(distribution, global_batch, config):
             "drop --num_gpus/--cpu_replicas and launch one rank per device "
             "with horovodrun -np N"
         )
-    from tf_resnet.distribute import averaging, horovod_mode
+    try:
+        from tf_resnet.distribute import averaging, horovod_mode
+    except ModuleNotFoundError as error:
+        if error.name != "horovod":
+            raise
+        raise UserInputError(
+            f"--distribution={distribution} needs Horovod, which this "
+            "environment lacks: Horovod 0.28.1 builds against TensorFlow "
+            "<= 2.18 only, so requirements-latest.txt has none. Install "
+            "requirements.txt (./setup.sh env) for Horovod."
+        ) from None
 
     if distribution == "horovod":
         return horovod_mode.HorovodMode(global_batch)

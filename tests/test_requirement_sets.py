@@ -1,0 +1,44 @@
+"""The two requirement sets: pinned with Horovod, newest without.
+
+CI runs the suite on both (README, "Versions"). The Horovod tests skip only
+where Horovod cannot be installed; these checks keep that skip honest.
+"""
+
+import os
+import re
+
+import pytest
+import tensorflow as tf
+
+from tests.helpers import HAS_HOROVOD, ROOT
+from tf_resnet.config import DistributionConfig
+from tf_resnet.distribute import make_mode
+from tf_resnet.errors import UserInputError
+
+
+def _pins(name):
+    with open(os.path.join(ROOT, name)) as stream:
+        return dict(
+            re.findall(r"^([A-Za-z0-9_.\[\]-]+)==(\S+)", stream.read(), re.M)
+        )
+
+
+def test_pinned_set_has_horovod_so_its_tests_never_skip():
+    pinned = _pins("requirements.txt")
+    if tf.__version__ != pinned["tensorflow-cpu"]:
+        pytest.skip(f"TensorFlow {tf.__version__} is not the pinned set's")
+    assert HAS_HOROVOD, "requirements.txt pins horovod but it is missing"
+
+
+def test_latest_set_has_no_horovod_and_newer_tensorflow():
+    pinned, latest = _pins("requirements.txt"), _pins("requirements-latest.txt")
+    assert "horovod" not in latest
+    version = [int(part) for part in latest["tensorflow-cpu"].split(".")]
+    assert version > [int(p) for p in pinned["tensorflow-cpu"].split(".")]
+
+
+@pytest.mark.skipif(HAS_HOROVOD, reason="Horovod is installed here")
+@pytest.mark.parametrize("distribution", ["horovod", "averaging"])
+def test_horovod_modes_without_horovod_are_one_clear_error(distribution):
+    with pytest.raises(UserInputError, match="needs Horovod.*requirements"):
+        make_mode(distribution, 8, DistributionConfig())
