@@ -40,7 +40,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT, write_cifar_records
+from tests.helpers import ROOT, requires_horovod, write_cifar_records
 from tf_resnet.config import PRESETS
 
 FAKES = {
@@ -295,6 +295,7 @@ def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
     assert "training resnet18 on cifar100" in text
 
 
+@requires_horovod
 @pytest.mark.slow
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
