@@ -172,5 +172,14 @@ class DistributionMode:
         never disagree in accuracy.
         """
 
+    def checkpoint_dir(self, log_root):
+        """Where this process writes a checkpoint; None: it writes none.
+
+        `log_root` for the chief. A mode whose every process must take part
+        in saving (MultiWorkerMirroredStrategy) gives the others a fresh
+        directory, which is removed after the save.
+        """
+        return log_root if self.is_chief else None
+
     def shutdown(self):
         """Releases the mode's resources (collectives, cluster)."""
