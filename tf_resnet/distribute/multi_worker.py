@@ -11,11 +11,14 @@ a Slurm job step (`SlurmClusterResolver`). `python -m
 tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
 
 Consistency of the state: variables are mirrored (`ON_WRITE`) on every
-replica of every worker. Trainable weights get the same all-reduced
-update everywhere; the BatchNorm moving statistics are assigned in the
-replica context with `MEAN` aggregation (Keras' BatchNormalization), which
-all-reduces each update over all replicas, so they are also identical
-everywhere after every step and `synchronize` has nothing to average.
+worker. Trainable weights get the same all-reduced update everywhere. The
+BatchNorm moving statistics do not: Keras 3 creates them without an
+aggregation, so each worker's copy follows its own batches (measured: the
+workers' copies drift apart within a few steps). `synchronize` replaces
+them by their mean over the workers in one all-reduce before every
+evaluation and checkpoint, as the Horovod mode does, so the workers
+evaluate and save one model. (`--sync_bn` normalises each batch with
+statistics of the whole global batch, which is another matter.)
 
 A dead or stopped peer: every collective gets `--collective_timeout_secs`
 (`CommunicationOptions`), and MWMS' own health check aborts collectives
@@ -220,6 +223,28 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
         return self.strategy.reduce(
             tf.distribute.ReduceOp.SUM, per_replica, axis=None
         )
+
+    def synchronize(self, state):
+        """Averages the BN moving statistics (and their EMA) over workers.
+
+        One all-reduce of all of them, flattened into one vector.
+        """
+        variables = [
+            v for v in state.local_variables if v.dtype in _REDUCIBLE[:4]
+        ]
+        if not variables:
+            return
+        flat = tf.concat(
+            [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], 0
+        )
+        mean = self._sum_from_first_replica(flat) / self.num_workers
+        sizes = [int(tf.size(v)) for v in variables]
+        for variable, part in zip(
+            variables, tf.split(mean, sizes), strict=True
+        ):
+            variable.assign(
+                tf.cast(tf.reshape(part, variable.shape), variable.dtype)
+            )
 
     def checkpoint_dir(self, log_root):
         """The chief writes `log_root`; the others a directory to discard.
