@@ -54,6 +54,7 @@ def weights(dump_dir, rank, name="weights"):
         return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
 
 
+@pytest.mark.slow
 def test_two_workers_train_exactly_like_one_process(tmp_path):
     # horovod_runs' equivalence setup: data read in order, a model that no
     # crop or flip changes, so both runs see the same examples each step.
@@ -84,6 +85,7 @@ def test_two_workers_train_exactly_like_one_process(tmp_path):
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
 
 
+@pytest.mark.slow
 def test_bn_statistics_agree_and_a_second_run_resumes(
     synthetic_cifar, tmp_path
 ):
@@ -131,7 +133,7 @@ import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
 from tf_resnet.launch import multi_worker, private_network
 private_network.enter_private_network()
-dump_dir, flags = sys.argv[2], sys.argv[3:]
+sig, dump_dir, flags = getattr(signal, sys.argv[2]), sys.argv[3], sys.argv[4:]
 main = os.path.join(sys.argv[1], "tests", "hvd_worker.py")
 commands = multi_worker.worker_commands(
     main, [f"--dump_dir={dump_dir}", *flags], 2
@@ -141,20 +143,25 @@ pid_file = os.path.join(dump_dir, "pid_rank1.txt")
 deadline = time.monotonic() + 180
 while not os.path.exists(pid_file) and time.monotonic() < deadline:
     time.sleep(0.2)
-workers[1].send_signal(signal.SIGKILL)
+workers[1].send_signal(sig)
 killed = time.monotonic()
 try:
     code = workers[0].wait(timeout=120)
 except subprocess.TimeoutExpired:
     workers[0].kill()
     code = None
+workers[1].kill()
 print(json.dumps({"code": code, "secs": time.monotonic() - killed}))
 """
 
 
-def test_a_killed_worker_makes_the_other_fail_not_hang(
-    synthetic_cifar, tmp_path
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_lost_worker_makes_the_other_fail_not_hang(
+    synthetic_cifar, tmp_path, signal_name
 ):
+    # SIGKILL resets the connection; SIGSTOP leaves it open and silent, so
+    # only --collective_timeout_secs ends the survivor's wait.
     flags = [
         "--dataset=cifar10",
         f"--train_data_path={synthetic_cifar['train']}",
@@ -168,7 +175,7 @@ def test_a_killed_worker_makes_the_other_fail_not_hang(
     result = subprocess.run(
         [
             sys.executable, "-c", textwrap.dedent(SURVIVOR), ROOT,
-            str(tmp_path), *flags,
+            signal_name, str(tmp_path), *flags,
         ],
         cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
         text=True, timeout=300,
