@@ -11,7 +11,8 @@ below and never asks which mode it runs under. A mode decides
   `all_reduce_gradients`),
 * what crosses processes at the edges of a step (`after_step`,
   `broadcast_initial_state`, `all_reduce_sum`, `synchronize`),
-* which process writes checkpoints and summaries (`is_chief`).
+* which process writes checkpoints and summaries (`is_chief`,
+  `checkpoint_dir`).
 """
 
 import contextlib

@@ -13,17 +13,19 @@ tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
 Consistency of the state: variables are mirrored (`ON_WRITE`) on every
 worker. Trainable weights get the same all-reduced update everywhere. The
 BatchNorm moving statistics do not: Keras 3 creates them without an
-aggregation, so each worker's copy follows its own batches (measured: the
-workers' copies drift apart within a few steps). `synchronize` replaces
-them by their mean over the workers in one all-reduce before every
-evaluation and checkpoint, as the Horovod mode does, so the workers
-evaluate and save one model. (`--sync_bn` normalises each batch with
-statistics of the whole global batch, which is another matter.)
+aggregation, so each worker's copy follows its own batches and the
+copies drift apart. `synchronize` replaces them by their mean over the
+workers in one all-reduce before every evaluation and checkpoint, as the
+Horovod mode does, so the workers evaluate and save one model.
+(`--sync_bn` normalises each batch with statistics of the whole global
+batch, which is another matter.)
 
-A dead or stopped peer: every collective gets `--collective_timeout_secs`
-(`CommunicationOptions`), and MWMS' own health check aborts collectives
-when a peer stops answering, so the surviving workers fail with an error
-instead of waiting forever.
+A lost peer must make the others fail, not hang: a dead one resets its
+connections, so the next all-reduce fails; a frozen one stops answering
+TensorFlow's coordination service (apparently what aborts the collectives
+then: docs/distributed.md); and every collective gets
+`--collective_timeout_secs` (`CommunicationOptions`) for a peer that is
+alive but never reaches it.
 """
 
 import os
