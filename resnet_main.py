@@ -27,6 +27,9 @@ from tf_resnet.distribute import make_mode, parameter_server  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
+# A task of the cluster is gone. A multi_worker peer that stops answering
+# ends in either: MWMS' health check, or --collective_timeout_secs.
+LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def run(argv):
@@ -70,7 +73,7 @@ def run(argv):
     except train_loop.TrainingDiverged as error:
         print(f"resnet_main: training diverged: {error}", file=sys.stderr)
         return 3
-    except tf.errors.UnavailableError as error:
+    except LOST_TASK_ERRORS as error:
         # A parameter server (or another task of the cluster) is gone: its
         # variables are lost, so only a restart from the checkpoint helps.
         latest = tf.train.latest_checkpoint(FLAGS.log_root) or "none"

@@ -2,6 +2,8 @@
 
   horovodrun -np 2 -H localhost:2 --gloo python tests/hvd_worker.py \
       --dump_dir=DIR --distribution=horovod ...  # any resnet_main flag
+  python -m tf_resnet.launch.multi_worker --np=2 \
+      --main=tests/hvd_worker.py -- --dump_dir=DIR ...
 
 * Registers two small models the tests need: `resnet8` (the smallest CIFAR
   ResNet, with BatchNorm) and `pointwise_cnn`, a 1x1-conv network without
@@ -19,6 +21,7 @@
 """
 
 import functools
+import json
 import os
 import sys
 
@@ -54,7 +57,9 @@ models.MODELS["pointwise_cnn"] = pointwise_cnn
 
 
 def dump_path(name):
-    rank = int(os.environ.get("HOROVOD_RANK", "0"))
+    # A Horovod rank, or a worker of a multi_worker TF_CONFIG cluster.
+    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+    rank = int(os.environ.get("HOROVOD_RANK", task.get("index", 0)))
     return os.path.join(FLAGS.dump_dir, f"{name}_rank{rank}")
 
 

@@ -13,6 +13,7 @@ the same `--log_root`.
 import contextlib
 import json
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -94,14 +95,21 @@ class RunCheckpoints:
         return None
 
     def save(self, step):
-        """Writes the checkpoint of `step` (the chief only).
+        """Writes the checkpoint of `step` (the chief's is kept).
 
         Raises:
           StorageError: the disk refused it; names the latest complete one.
           tf.errors.UnavailableError: a task of the cluster is gone.
         """
         self.mode.synchronize(self.state)
-        if not self.mode.is_chief:
+        directory = self.mode.checkpoint_dir(self.log_root)
+        if directory is None:
+            return
+        if directory != self.log_root:  # Takes part, but is not kept.
+            try:
+                self.checkpoint.write(os.path.join(directory, f"ckpt-{step}"))
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
             return
         previous = self.manager.latest_checkpoint
         try:

@@ -33,6 +33,7 @@ DISTRIBUTIONS = (
     "horovod",
     "averaging",
     "parameter_server",
+    "multi_worker",
 )
 # One process per replica, started by horovodrun/mpirun.
 HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
@@ -166,6 +167,7 @@ class DistributionConfig:
     worker_hosts: tuple = ()
     job_name: str | None = None
     task_index: int = 0
+    collective_timeout_secs: float = 300.0
 
     def __post_init__(self):
         self.ps_hosts = tuple(self.ps_hosts)
@@ -500,6 +502,7 @@ def resolve_distribution(distribution):
     `auto` looks at how the process was started: by horovodrun or mpirun
     with several ranks (their rank variables) it is `horovod`; as the
     coordinator of a `TF_CONFIG` cluster with ps tasks, `parameter_server`;
+    in a `TF_CONFIG` cluster of several workers and no ps, `multi_worker`;
     otherwise `mirrored` or `default` by the devices, which only
     `make_mode` knows (returned as `auto`).
 
@@ -522,8 +525,12 @@ def resolve_distribution(distribution):
         return distribution, "--distribution"
     if ranks > 1:
         return "horovod", f"started as one of {ranks} ranks ({variable})"
-    if "ps" in read_tf_config().get("cluster", {}):
+    cluster = read_tf_config().get("cluster", {})
+    if "ps" in cluster:
         return "parameter_server", "TF_CONFIG names ps tasks"
+    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    if workers > 1:
+        return "multi_worker", f"TF_CONFIG names {workers} workers, no ps"
     return "auto", "one process"
 
 
@@ -569,6 +576,7 @@ def validate(config):
             f"unknown --distribution={dist.distribution}; known: "
             f"{', '.join(DISTRIBUTIONS)}"
         )
+    _check_multi_worker(dist)
     if config.runtime.dtype not in DTYPES:
         raise UserInputError(
             f"unknown --dtype={config.runtime.dtype}; known: "
@@ -605,6 +613,27 @@ def validate(config):
         raise UserInputError(
             f"{who} fine-tunes ImageNet weights: pass --pretrained=PATH "
             "(e.g. torchvision's resnet18-f37072fd.pth)"
+        )
+
+
+def _check_multi_worker(dist):
+    if dist.collective_timeout_secs <= 0:
+        raise UserInputError(
+            f"--collective_timeout_secs={dist.collective_timeout_secs}: "
+            "must be positive"
+        )
+    if dist.distribution != "multi_worker":
+        return
+    if dist.ps_hosts or dist.job_name:
+        raise UserInputError(
+            "--distribution=multi_worker has no ps and no job names: drop "
+            "--ps_hosts/--job_name (the cluster is --worker_hosts with "
+            "--task_index, TF_CONFIG or Slurm)"
+        )
+    if dist.cpu_replicas > 1:
+        raise UserInputError(
+            "--cpu_replicas is for --distribution=mirrored; a multi_worker "
+            "worker runs one replica per GPU, or one on its CPU"
         )
 
 

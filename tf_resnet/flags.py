@@ -327,7 +327,8 @@ def define_distribution_flags():
         list(config_lib.DISTRIBUTIONS),
         "How replicas combine. auto: horovod when started by horovodrun/"
         "mpirun with several ranks, parameter_server for the coordinator "
-        "of a TF_CONFIG cluster with ps tasks, else mirrored when several "
+        "of a TF_CONFIG cluster with ps tasks, multi_worker in a TF_CONFIG "
+        "cluster of several workers without ps, else mirrored when several "
         "devices, else default.",
     )
     flags.DEFINE_integer(
@@ -349,7 +350,11 @@ def define_distribution_flags():
     # Parameter-server cluster (the names of TF1's distributed flags);
     # without them --distribution=parameter_server reads TF_CONFIG.
     flags.DEFINE_list("ps_hosts", [], "host:port of each parameter server.")
-    flags.DEFINE_list("worker_hosts", [], "host:port of each worker.")
+    flags.DEFINE_list(
+        "worker_hosts",
+        [],
+        "host:port of each worker (parameter_server and multi_worker).",
+    )
     flags.DEFINE_enum(
         "job_name",
         None,
@@ -358,7 +363,18 @@ def define_distribution_flags():
         "ps and worker serve until killed; chief (default) trains.",
     )
     flags.DEFINE_integer(
-        "task_index", 0, "Index of this task within --job_name.", lower_bound=0
+        "task_index",
+        0,
+        "Index of this task within --job_name (multi_worker: within "
+        "--worker_hosts; 0 is the chief).",
+        lower_bound=0,
+    )
+    flags.DEFINE_float(
+        "collective_timeout_secs",
+        300.0,
+        "--distribution=multi_worker: how long one all-reduce may wait for "
+        "the other workers before this one fails (a dead peer must not hang "
+        "the job; raise it if the first step compiles for longer).",
     )
 
 

@@ -22,11 +22,14 @@ def make_mode(distribution, global_batch, config=None, devices=None):
       distribution: `auto` (mirrored over several devices, else default),
         `default`, `mirrored`, `horovod` (synchronous all-reduce over
         processes), `averaging` (local steps, weights averaged over
-        processes every `average_every` steps) or `parameter_server`;
+        processes every `average_every` steps), `parameter_server` or
+        `multi_worker` (synchronous all-reduce over processes with
+        TensorFlow's MultiWorkerMirroredStrategy);
         `runtime.start` resolves `auto` where the launcher tells.
       global_batch: examples of one step over all replicas of all workers.
       config: the `config.DistributionConfig` (GPUs, CPU replicas,
-        `average_every`, the parameter-server cluster); None: defaults.
+        `average_every`, the parameter-server or multi-worker cluster);
+        None: defaults.
       devices: from `runtime.configure_devices` (None: default device).
 
     Returns:
@@ -45,6 +48,10 @@ def make_mode(distribution, global_batch, config=None, devices=None):
 
         resolver = parameter_server.cluster_resolver(**config.cluster)
         return parameter_server.ParameterServerMode(resolver, global_batch)
+    if distribution == "multi_worker":
+        from tf_resnet.distribute import multi_worker
+
+        return multi_worker.make_mode(config, global_batch)
     if distribution == "mirrored" or (
         distribution == "auto" and devices and len(devices) > 1
     ):

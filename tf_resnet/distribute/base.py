@@ -11,7 +11,8 @@ below and never asks which mode it runs under. A mode decides
   `all_reduce_gradients`),
 * what crosses processes at the edges of a step (`after_step`,
   `broadcast_initial_state`, `all_reduce_sum`, `synchronize`),
-* which process writes checkpoints and summaries (`is_chief`).
+* which process writes checkpoints and summaries (`is_chief`,
+  `checkpoint_dir`).
 """
 
 import contextlib
@@ -171,6 +172,15 @@ class DistributionMode:
         their own BatchNorm moving statistics average them here, so replicas
         never disagree in accuracy.
         """
+
+    def checkpoint_dir(self, log_root):
+        """Where this process writes a checkpoint; None: it writes none.
+
+        `log_root` for the chief. A mode whose every process must take part
+        in saving (MultiWorkerMirroredStrategy) gives the others a fresh
+        directory, which is removed after the save.
+        """
+        return log_root if self.is_chief else None
 
     def shutdown(self):
         """Releases the mode's resources (collectives, cluster)."""

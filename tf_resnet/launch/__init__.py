@@ -2,6 +2,7 @@
 
   python -m tf_resnet.launch.horovod --np=2 -- <resnet_main.py flags>
   python -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- <flags>
+  python -m tf_resnet.launch.multi_worker --np=2 -- <flags>
 
 A launcher moves itself into a loopback-only network namespace
 (`private_network`), starts the job's processes there (`processes`: one

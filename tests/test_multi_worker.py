@@ -1,0 +1,337 @@
+"""`--distribution=multi_worker` on two real worker processes over loopback.
+
+The training tests start the workers through `tf_resnet.launch.multi_worker`
+(a loopback-only network namespace, `TF_CONFIG` per worker) running
+`tests/hvd_worker.py`, which is `resnet_main.py` plus small models and
+dumps of each worker's weights. The test of a lost peer starts the two
+workers itself, in a namespace of its own, to watch the survivor alone.
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from tests import horovod_runs
+from tests.helpers import ROOT
+from tf_resnet import config as config_lib
+from tf_resnet.distribute import multi_worker
+from tf_resnet.errors import UserInputError
+from tf_resnet.launch import multi_worker as launcher
+
+WORKER = horovod_runs.WORKER
+
+
+def launch(dump_dir, flags, workers=2):
+    """Runs the launcher to its end; returns `(exit code, output)`."""
+    os.makedirs(dump_dir, exist_ok=True)
+    command = [
+        sys.executable, "-m", "tf_resnet.launch.multi_worker",
+        f"--np={workers}", f"--main={WORKER}", "--",
+        f"--dump_dir={dump_dir}", *flags,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=ROOT, env=horovod_runs.worker_env(), text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def finish(process, timeout=240):
+    output, _ = process.communicate(timeout=timeout)
+    return process.returncode, output
+
+
+def weights(dump_dir, rank, name="weights"):
+    with np.load(os.path.join(dump_dir, f"{name}_rank{rank}.npz")) as arrays:
+        return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+
+
+@pytest.mark.slow
+def test_two_workers_train_exactly_like_one_process(tmp_path):
+    # horovod_runs' equivalence setup: data read in order, a model that no
+    # crop or flip changes, so both runs see the same examples each step.
+    flags = horovod_runs.equivalence_flags(0.4)
+    cluster = launch(
+        tmp_path / "mw", [*flags, f"--log_root={tmp_path / 'mw' / 'log'}"]
+    )
+    single = subprocess.run(
+        [
+            sys.executable, WORKER, f"--dump_dir={tmp_path}",
+            *flags, "--distribution=default",
+            f"--log_root={tmp_path / 'default'}",
+        ],
+        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
+        text=True, timeout=240,
+    )  # fmt: skip
+    code, output = finish(cluster)
+    assert code == 0, output[-3000:]
+    assert single.returncode == 0, single.stderr[-3000:]
+    expected = weights(tmp_path, 0)
+    worker0, worker1 = weights(tmp_path / "mw", 0), weights(tmp_path / "mw", 1)
+    for ours, theirs in zip(worker0, worker1, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    # Float32 sums in another order: equal to 1e-4 of what training moved.
+    horovod_runs.assert_same_weights(
+        worker0, expected, weights(tmp_path, 0, "first")
+    )
+    assert "global batch 16 over 2 replica(s) (multi_worker)" in output
+
+
+@pytest.mark.slow
+def test_bn_statistics_agree_and_a_second_run_resumes(
+    synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "log"
+    flags = [
+        "--dataset=cifar10",
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        f"--log_root={log_root}",
+        "--model=resnet8",  # BatchNorm: its moving statistics must agree.
+        "--batch_size=32",
+        "--train_steps=12",
+        "--steps_per_run=6",
+        "--log_every_steps=3",
+        "--shuffle_buffer=100",
+        "--dtype=float32",
+    ]
+    first_dump, second_dump = tmp_path / "first", tmp_path / "second"
+    code, output = finish(launch(first_dump, flags))
+    assert code == 0, output[-3000:]
+    assert os.path.exists(log_root / "ckpt-6.index")
+    # Only the chief keeps a checkpoint and writes the run's files.
+    assert (first_dump / "saves_rank0.txt").read_text().split() == [
+        str(log_root / "ckpt-6")
+    ]
+    assert not (first_dump / "writes_rank1.txt").exists()
+    # Worker 1 took part in the save into a scratch directory, now gone.
+    scratch = pathlib.Path(tempfile.gettempdir()).glob("tf_resnet_worker1_*")
+    assert not list(scratch)
+
+    code, output = finish(launch(second_dump, flags))
+    assert code == 0, output[-3000:]
+    assert len(re.findall(r"resumed from \S+ckpt-6 at step 6\b", output)) == 2
+    # Each worker evaluates its half; the counts add up on both.
+    assert output.count("eval at step 12: precision") == 2
+    assert output.count("over 200 examples") == 2
+    worker0, worker1 = weights(second_dump, 0), weights(second_dump, 1)
+    assert len(worker0) > 30  # Kernels, BN scale/offset/mean/variance.
+    for ours, theirs in zip(worker0, worker1, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+SURVIVOR = """
+import json, os, signal, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from tf_resnet.launch import multi_worker, private_network
+private_network.enter_private_network()
+sig, dump_dir, flags = getattr(signal, sys.argv[2]), sys.argv[3], sys.argv[4:]
+main = os.path.join(sys.argv[1], "tests", "hvd_worker.py")
+commands = multi_worker.worker_commands(
+    main, [f"--dump_dir={dump_dir}", *flags], 2
+)
+workers = [subprocess.Popen(c, env=e) for c, e in commands.values()]
+pid_file = os.path.join(dump_dir, "pid_rank1.txt")
+deadline = time.monotonic() + 180
+while not os.path.exists(pid_file) and time.monotonic() < deadline:
+    time.sleep(0.2)
+workers[1].send_signal(sig)
+killed = time.monotonic()
+try:
+    code = workers[0].wait(timeout=120)
+except subprocess.TimeoutExpired:
+    workers[0].kill()
+    code = None
+workers[1].kill()
+print(json.dumps({"code": code, "secs": time.monotonic() - killed}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_lost_worker_makes_the_other_fail_not_hang(
+    synthetic_cifar, tmp_path, signal_name
+):
+    # SIGKILL resets the connection; SIGSTOP leaves it open and silent, so
+    # only --collective_timeout_secs ends the survivor's wait.
+    flags = [
+        "--dataset=cifar10",
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        f"--log_root={tmp_path / 'log'}",
+        "--model=resnet8",
+        "--batch_size=32",
+        "--train_steps=100000",
+        "--collective_timeout_secs=15",
+    ]
+    result = subprocess.run(
+        [
+            sys.executable, "-c", textwrap.dedent(SURVIVOR), ROOT,
+            signal_name, str(tmp_path), *flags,
+        ],
+        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # resnet_main's exit code for a lost task of the cluster.
+    assert report["code"] == 4, result.stderr[-3000:]
+    assert report["secs"] < 60, report
+    assert "lost a task of the training cluster" in result.stderr
+
+
+def test_the_launcher_ends_with_the_first_failed_worker(
+    synthetic_cifar, tmp_path
+):
+    process = launch(
+        tmp_path,
+        [
+            "--dataset=cifar10",
+            f"--train_data_path={synthetic_cifar['train']}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--log_root={tmp_path / 'log'}",
+            "--model=resnet8",
+            "--batch_size=32",
+            "--train_steps=100000",
+        ],
+    )
+    # Killed while it starts: the launcher need not wait for training.
+    for line in process.stdout:
+        started = re.search(r"started worker 1 at \S+ \(pid (\d+)\)", line)
+        if started:
+            break
+    os.kill(int(started[1]), 9)
+    killed = time.monotonic()
+    code, output = finish(process, timeout=60)
+    assert code == 128 + 9, output[-3000:]
+    assert time.monotonic() - killed < 30
+    assert re.search(r"worker 1 at \S+ exited with code -9", output)
+
+
+def test_cluster_from_flags(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"ps": ["a:1"]}}))
+    resolver = multi_worker.cluster_resolver(["h0:1", "h1:2"], 1)
+    assert resolver.cluster_spec().as_dict() == {"worker": ["h0:1", "h1:2"]}
+    assert (resolver.task_type, resolver.task_id) == ("worker", 1)
+    with pytest.raises(UserInputError, match="--task_index=2 is not in"):
+        multi_worker.cluster_resolver(["h0:1", "h1:2"], 2)
+
+
+def test_cluster_from_tf_config(monkeypatch):
+    cluster = {"worker": ["w:1", "w:2", "w:3"]}
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": 2}}
+        ),
+    )
+    resolver = multi_worker.cluster_resolver()
+    assert resolver.cluster_spec().as_dict() == cluster
+    assert (resolver.task_type, resolver.task_id) == ("worker", 2)
+    assert multi_worker._worker_index(resolver) == 2
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps({"cluster": {**cluster, "ps": ["p:1"]}, "task": {}}),
+    )
+    with pytest.raises(UserInputError, match="no ps"):
+        multi_worker.cluster_resolver()
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": 3}}
+        ),
+    )
+    with pytest.raises(UserInputError, match="is not in the cluster"):
+        multi_worker.cluster_resolver()
+
+
+def test_cluster_from_slurm(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    with pytest.raises(UserInputError, match="SLURM_STEP_NUM_TASKS"):
+        multi_worker.cluster_resolver()
+    for name, value in (
+        ("SLURM_STEP_NUM_TASKS", "4"),
+        ("SLURM_STEP_NODELIST", "node[1-2]"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+    ):
+        monkeypatch.setenv(name, value)
+    resolver = multi_worker.cluster_resolver()
+    assert resolver.cluster_spec().as_dict() == {
+        "worker": ["node1:8888", "node1:8889", "node2:8888", "node2:8889"]
+    }
+    assert (resolver.task_type, resolver.task_id) == ("worker", 3)
+
+
+def test_no_cluster_is_one_clear_error(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    with pytest.raises(UserInputError, match="needs a cluster"):
+        multi_worker.cluster_resolver()
+
+
+def test_auto_picks_multi_worker_in_a_tf_config_cluster_without_ps(
+    monkeypatch,
+):
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
+    assert config_lib.resolve_distribution("auto") == (
+        "multi_worker",
+        "TF_CONFIG names 2 workers, no ps",
+    )
+    one = {"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(one))
+    assert config_lib.resolve_distribution("auto")[0] == "auto"
+    with_ps = {"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(with_ps))
+    assert config_lib.resolve_distribution("auto")[0] == "parameter_server"
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"ps_hosts": ["a:1"]}, "has no ps and no job names"),
+        ({"cpu_replicas": 2}, "--cpu_replicas is for"),
+        ({"collective_timeout_secs": 0}, "must be positive"),
+    ],
+)
+def test_contradictory_flags(values, message):
+    config = config_lib.make_config(
+        distribution="multi_worker",
+        train_data_path="x",
+        eval_data_path="y",
+        **values,
+    )
+    with pytest.raises(UserInputError, match=message):
+        config_lib.validate(config)
+
+
+def test_launcher_gives_each_worker_its_tf_config():
+    args = launcher.parse_args(["--np=3", "--", "--model=resnet32"])
+    assert (args.np, args.network, args.main_flags) == (
+        3,
+        "private",
+        ["--model=resnet32"],
+    )
+    commands = launcher.worker_commands("main.py", ["--model=resnet32"], 3)
+    configs = [json.loads(env["TF_CONFIG"]) for _, env in commands.values()]
+    hosts = configs[0]["cluster"]["worker"]
+    assert len(set(hosts)) == 3
+    assert [c["task"] for c in configs] == [
+        {"type": "worker", "index": i} for i in range(3)
+    ]
+    assert all(c["cluster"] == {"worker": hosts} for c in configs)
+    command, _ = next(iter(commands.values()))
+    assert command[-2:] == ["--model=resnet32", "--distribution=multi_worker"]
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--np=0", "--"])

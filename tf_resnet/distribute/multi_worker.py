@@ -1,0 +1,278 @@
+"""Synchronous all-reduce over processes (`--distribution=multi_worker`).
+
+TensorFlow's own `tf.distribute.MultiWorkerMirroredStrategy`: one process
+("worker") per machine, one replica per GPU of it (one on a CPU-only
+worker). Every step all-reduces the gradients of all replicas of all
+workers, so every worker applies the same update.
+
+The cluster comes from, in this order: `--worker_hosts` with
+`--task_index` (worker 0 is the chief), `TF_CONFIG`, or the variables of
+a Slurm job step (`SlurmClusterResolver`). `python -m
+tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
+
+Consistency of the state: variables are mirrored (`ON_WRITE`) on every
+worker. Trainable weights get the same all-reduced update everywhere. The
+BatchNorm moving statistics do not: Keras 3 creates them without an
+aggregation, so each worker's copy follows its own batches and the
+copies drift apart. `synchronize` replaces them by their mean over the
+workers in one all-reduce before every evaluation and checkpoint, as the
+Horovod mode does, so the workers evaluate and save one model.
+(`--sync_bn` normalises each batch with statistics of the whole global
+batch, which is another matter.)
+
+A lost peer must make the others fail, not hang: a dead one resets its
+connections, so the next all-reduce fails; a frozen one stops answering
+TensorFlow's coordination service (apparently what aborts the collectives
+then: docs/distributed.md); and every collective gets
+`--collective_timeout_secs` (`CommunicationOptions`) for a peer that is
+alive but never reaches it.
+"""
+
+import os
+import tempfile
+
+import tensorflow as tf
+
+from tf_resnet.config import read_tf_config
+from tf_resnet.distribute import tf_strategy
+from tf_resnet.errors import UserInputError
+
+# The variables of a Slurm job step that SlurmClusterResolver reads.
+SLURM_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+# What collectives all-reduce exactly; other variables (RNG states) stay.
+_REDUCIBLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int64)
+
+
+def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=8888):
+    """The cluster from `--worker_hosts`, else `TF_CONFIG`, else Slurm.
+
+    Args:
+      worker_hosts: `host:port` of each worker, the chief first.
+      task_index: this worker's index in `worker_hosts`.
+      slurm_port: the first port of a Slurm node's workers.
+
+    Returns:
+      A `tf.distribute.cluster_resolver.ClusterResolver`.
+
+    Raises:
+      UserInputError: no cluster is given, it has parameter servers, or
+        this task is not part of it.
+    """
+    if worker_hosts:
+        if not 0 <= task_index < len(worker_hosts):
+            raise UserInputError(
+                f"--task_index={task_index} is not in --worker_hosts, which "
+                f"names {len(worker_hosts)} worker(s)"
+            )
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({"worker": list(worker_hosts)}),
+            task_type="worker",
+            task_id=task_index,
+            rpc_layer="grpc",
+        )
+    tf_config = read_tf_config()
+    if tf_config:
+        cluster = tf_config.get("cluster", {})
+        if "ps" in cluster or not (cluster.get("worker") or "chief" in cluster):
+            raise UserInputError(
+                "TF_CONFIG: --distribution=multi_worker needs a cluster of "
+                f"workers (optionally a chief) and no ps: {cluster}"
+            )
+        task = tf_config.get("task", {})
+        tasks = cluster.get(task.get("type"), [])
+        if not 0 <= task.get("index", 0) < len(tasks):
+            raise UserInputError(
+                f"TF_CONFIG: task {task} is not in the cluster {cluster}"
+            )
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver(
+            rpc_layer="grpc"
+        )
+    if "SLURM_PROCID" in os.environ:
+        return _slurm_resolver(slurm_port)
+    raise UserInputError(
+        "--distribution=multi_worker needs a cluster: --worker_hosts with "
+        "--task_index, a TF_CONFIG environment variable, a Slurm job step "
+        "(srun), or `python -m tf_resnet.launch.multi_worker` (see "
+        "docs/distributed.md)"
+    )
+
+
+def _slurm_resolver(port):
+    """One worker per Slurm task; on CPU-only nodes no GPU is assigned.
+
+    `SlurmClusterResolver` numbers a node's tasks by its GPUs and asks
+    `nvidia-smi` for them; without GPUs it is given one slot per task
+    and told not to set `CUDA_VISIBLE_DEVICES`.
+    """
+    missing = [name for name in SLURM_VARIABLES if name not in os.environ]
+    if missing:
+        raise UserInputError(
+            f"SLURM_PROCID is set but {', '.join(missing)} is not: run each "
+            "worker as a task of one job step (srun)"
+        )
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    options = {"gpus_per_node": gpus} if gpus else {}
+    if not gpus:
+        slots = int(os.environ["SLURM_STEP_NUM_TASKS"])
+        options = {"gpus_per_node": slots, "gpus_per_task": 1}
+    return tf.distribute.cluster_resolver.SlurmClusterResolver(
+        port_base=port, auto_set_gpu=bool(gpus), **options
+    )
+
+
+def make_strategy(resolver, timeout_secs):
+    """The strategy; must come before any other TensorFlow op runs.
+
+    MWMS starts this process's gRPC server and sets up the collective
+    runtime when it is created, which TensorFlow refuses once its context
+    is initialised.
+    """
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=timeout_secs
+        ),
+    )
+
+
+class MultiWorkerMode(tf_strategy.StrategyMode):
+    """Synchronous SGD over the replicas of all workers.
+
+    Attributes:
+      num_workers: processes of the cluster.
+      worker_index: this process's index; 0 is the chief.
+    """
+
+    def __init__(self, strategy, global_batch):
+        resolver = strategy.cluster_resolver
+        spec = resolver.cluster_spec()
+        self.num_workers = spec.num_tasks("worker") + (
+            spec.num_tasks("chief") if "chief" in spec.jobs else 0
+        )
+        self.worker_index = _worker_index(resolver)
+        self.is_chief = self.worker_index == 0
+        super().__init__(strategy, "multi_worker", global_batch)
+
+    def distribute_dataset(self, dataset_fn):
+        """Each worker reads its own shard: `distribute_datasets_from_function`.
+
+        Not `experimental_distribute_dataset`, which would have every worker
+        read and augment the whole global batch and keep its slice: here
+        each worker's pipeline reads shard `input_pipeline_id` of
+        `num_input_pipelines` (one per worker) in batches of one replica,
+        so no example is read twice in a step. As with Horovod, a step
+        covers the same examples as one process's only when the data is
+        read in order (the shuffle differs per shard).
+        """
+
+        def input_fn(context):
+            return dataset_fn(
+                context.num_input_pipelines,
+                context.input_pipeline_id,
+                self.replica_batch,
+            )
+
+        return iter(self.strategy.distribute_datasets_from_function(input_fn))
+
+    def reduce_sum(self, per_replica_value):
+        """Step metrics of all workers, so every worker logs the global loss.
+
+        One reduce per metric: MWMS' `reduce` takes no dict in a function.
+        """
+        return {
+            key: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, None)
+            for key, value in per_replica_value.items()
+        }
+
+    def eval_shard(self):
+        """Every worker evaluates its shard; `all_reduce_sum` adds counts."""
+        return self.num_workers, self.worker_index
+
+    def all_reduce_sum(self, values):
+        """Sums numpy values over workers with one collective all-reduce."""
+        return self._sum_from_first_replica(tf.constant(values)).numpy()
+
+    def broadcast_initial_state(self, state):
+        """The chief's state wins, restored or fresh.
+
+        MWMS broadcasts each variable's initial value from the chief, but a
+        restore assigns what each worker read itself; a worker that did not
+        see the chief's checkpoint (no shared `--log_root`) would otherwise
+        train on from its own start.
+        """
+        for variable in state.variables:
+            if variable.dtype not in _REDUCIBLE:
+                continue
+            value = tf.convert_to_tensor(variable)
+            chief = tf.where(self.is_chief, value, tf.zeros_like(value))
+            variable.assign(self._sum_from_first_replica(chief))
+
+    def _sum_from_first_replica(self, value):
+        """The sum over workers of `value`, given by one replica of each."""
+        local = len(self.strategy.extended.worker_devices)
+
+        def first_local_replica(context):
+            first = context.replica_id_in_sync_group % local == 0
+            return value if first else tf.zeros_like(value)
+
+        distribute = self.strategy.experimental_distribute_values_from_function
+        per_replica = distribute(first_local_replica)
+        return self.strategy.reduce(
+            tf.distribute.ReduceOp.SUM, per_replica, axis=None
+        )
+
+    def synchronize(self, state):
+        """Averages the BN moving statistics (and their EMA) over workers.
+
+        One all-reduce of all of them, flattened into one vector.
+        """
+        variables = [
+            v for v in state.local_variables if v.dtype in _REDUCIBLE[:4]
+        ]
+        if not variables:
+            return
+        flat = tf.concat(
+            [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], 0
+        )
+        mean = self._sum_from_first_replica(flat) / self.num_workers
+        sizes = [int(tf.size(v)) for v in variables]
+        for variable, part in zip(
+            variables, tf.split(mean, sizes), strict=True
+        ):
+            variable.assign(
+                tf.cast(tf.reshape(part, variable.shape), variable.dtype)
+            )
+
+    def checkpoint_dir(self, log_root):
+        """The chief writes `log_root`; the others a directory to discard.
+
+        Every worker must take part in a MWMS save (it may run collectives),
+        but only the chief's copy is kept.
+        """
+        if self.is_chief:
+            return log_root
+        return tempfile.mkdtemp(prefix=f"tf_resnet_worker{self.worker_index}_")
+
+    def shutdown(self):
+        """Nothing to release: the servers end with the process."""
+
+
+def _worker_index(resolver):
+    """Index among all workers, the chief (if a job of its own) first."""
+    spec = resolver.cluster_spec()
+    if resolver.task_type == "chief":
+        return 0
+    offset = 1 if "chief" in spec.jobs else 0
+    return offset + (resolver.task_id or 0)
+
+
+def make_mode(config, global_batch):
+    """The mode for `config.DistributionConfig`; first TF work of the run."""
+    resolver = cluster_resolver(config.worker_hosts, config.task_index)
+    strategy = make_strategy(resolver, config.collective_timeout_secs)
+    return MultiWorkerMode(strategy, global_batch)

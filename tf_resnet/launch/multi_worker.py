@@ -1,0 +1,96 @@
+"""Runs multi-worker all-reduce training on this machine: N equal workers.
+
+  python -m tf_resnet.launch.multi_worker --np=2 -- \
+      --dataset=cifar10 --train_data_path='cifar-10-batches-bin/data_batch*' \
+      --eval_data_path=cifar-10-batches-bin/test_batch.bin \
+      --log_root=/tmp/mw_run
+
+Everything after `--` goes to every worker's `resnet_main.py`; the launcher
+adds `--distribution=multi_worker`, since these workers can run no other
+mode (as the ps launcher adds `parameter_server` to its coordinator), and
+gives each worker a `TF_CONFIG` naming the cluster (ports picked free on
+127.0.0.1) and its own index; worker 0 is the chief. A `TF_CONFIG` of the
+caller is replaced.
+
+Network isolation: TensorFlow's gRPC servers listen on every interface, so
+by default the launcher first moves itself into a loopback-only network
+namespace, as the other launchers do (`private_network`); `--network=host`
+skips it.
+
+The workers are peers (`processes.run_peers`): when one fails, the others
+are stopped and its exit code is the launcher's; a stop signal is
+forwarded to all of them (each writes its part of a final checkpoint).
+"""
+
+import json
+import os
+import sys
+
+from tf_resnet.launch import cli, private_network, processes
+
+LISTENERS = "TensorFlow's servers"
+log = cli.logger("launch.multi_worker")
+
+
+def parse_args(argv):
+    """The launcher's own flags; those after `--` go to `resnet_main.py`."""
+    parser = cli.Parser(
+        log,
+        prog="python -m tf_resnet.launch.multi_worker",
+        description="Starts --np workers of --distribution=multi_worker on "
+        "this machine. Flags after -- go to every resnet_main.py.",
+    )
+    parser.add_argument(
+        "--np", type=int, required=True, help="Number of workers to start."
+    )
+    private_network.add_network_flag(parser, LISTENERS)
+    parser.add_argument(
+        "--stop_timeout_secs",
+        type=float,
+        default=120,
+        help="How long the workers may take to checkpoint after a stop "
+        "signal before they are killed.",
+    )
+    args = parser.parse_launcher_args(argv, dashes_required=True)
+    if args.np < 1:
+        parser.error("--np must be at least 1")
+    return args
+
+
+def worker_commands(main, main_flags, num_workers):
+    """`{name: (command, environment)}` of each worker, for `run_peers`."""
+    hosts = [f"127.0.0.1:{port}" for port in processes.free_ports(num_workers)]
+    command = [
+        sys.executable,
+        main,
+        *main_flags,
+        "--distribution=multi_worker",
+    ]
+    commands = {}
+    for index, host in enumerate(hosts):
+        tf_config = {
+            "cluster": {"worker": hosts},
+            "task": {"type": "worker", "index": index},
+        }
+        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
+        commands[f"worker {index} at {host}"] = (command, env)
+    return commands
+
+
+def main(argv=None):
+    """Enters the private network, runs the workers; returns the exit code."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    signals = processes.StopSignals()
+    failed = private_network.apply_network_flag(args.network, LISTENERS, log)
+    if failed:
+        return failed
+    return processes.run_peers(
+        worker_commands(args.main, args.main_flags, args.np),
+        log,
+        stop_timeout_secs=args.stop_timeout_secs,
+        signals=signals,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
