@@ -40,17 +40,18 @@ _ROOT = tempfile.mkdtemp(prefix="tf_resnet_horovod_")
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 
 
-def worker_command(args, ranks=None):
-    """The worker's command line; as `ranks` Horovod ranks if given.
+def worker_command(args, ranks=None, launcher="horovod"):
+    """The worker's command line; as `ranks` processes if given.
 
     Ranks are started by `tf_resnet.launch.horovod` (`horovodrun` in a
-    loopback-only network namespace), so every multi-rank test also runs
-    there.
+    loopback-only network namespace), or with `launcher="multi_worker"` as
+    the workers of a TF_CONFIG cluster by `tf_resnet.launch.multi_worker`
+    (in such a namespace too), so every multi-process test runs there.
     """
     if ranks is None:
         return [sys.executable, WORKER, *args]
     return [
-        sys.executable, "-m", "tf_resnet.launch.horovod", f"--np={ranks}",
+        sys.executable, "-m", f"tf_resnet.launch.{launcher}", f"--np={ranks}",
         f"--main={WORKER}",
         "--", *args,
     ]  # fmt: skip
@@ -108,11 +109,13 @@ class Started:
             self.process.wait()
 
 
-def start_worker(args, ranks=None, **env):
+def start_worker(args, ranks=None, launcher="horovod", **env):
     """Starts training with `args` (resnet_main flags) in the background."""
     dump_dir = new_dir("run")
     command = worker_command(
-        [f"--dump_dir={dump_dir}", f"--log_root={dump_dir}/log", *args], ranks
+        [f"--dump_dir={dump_dir}", f"--log_root={dump_dir}/log", *args],
+        ranks,
+        launcher,
     )
     with open(os.path.join(dump_dir, "output.txt"), "w") as log:
         process = subprocess.Popen(
@@ -127,8 +130,8 @@ def start_worker(args, ranks=None, **env):
 
 
 def run_workers(*runs):
-    """Runs `(args, ranks)` pairs side by side; returns their checked `Run`s."""
-    started = [start_worker(args, ranks) for args, ranks in runs]
+    """Runs `(args, ranks[, launcher])` side by side; checked `Run`s."""
+    started = [start_worker(*run) for run in runs]
     return [run.result().check() for run in started]
 
 
@@ -194,6 +197,7 @@ class Spec(typing.NamedTuple):
     ranks: int | None = None
     learning_rate: float = 0.4
     extra: tuple = ()
+    launcher: str = "horovod"
 
     def args(self):
         return [
@@ -211,7 +215,9 @@ def equivalence_runs(*specs):
     new = [
         spec for spec in dict.fromkeys(specs) if spec not in _EQUIVALENCE_RUNS
     ]
-    done = run_workers(*[(spec.args(), spec.ranks) for spec in new])
+    done = run_workers(
+        *[(spec.args(), spec.ranks, spec.launcher) for spec in new]
+    )
     _EQUIVALENCE_RUNS.update(zip(new, done, strict=True))
     return [_EQUIVALENCE_RUNS[spec] for spec in specs]
 

@@ -1,30 +1,56 @@
-"""`--distribution=averaging` (local SGD) on two real Horovod ranks.
+"""`--distribution=averaging` (local SGD) on two real processes.
+
+Each equivalence test runs on both engines: two Horovod ranks
+(`tf_resnet.launch.horovod`) and two workers of a TF_CONFIG cluster
+(`tf_resnet.launch.multi_worker`, TensorFlow's collectives), each launcher
+in a loopback-only network namespace.
 
 Each rank's step uses the learning rate of its own batch (8 of the global
 16), so an averaging run at `--learning_rate=0.8` takes the same steps as a
 synchronous run at 0.4 (see tf_resnet/distribute/averaging.py).
 """
 
+import json
+
 import numpy as np
 import pytest
 
 from tests import horovod_runs
-from tests.helpers import requires_horovod
+from tests.helpers import HAS_HOROVOD, requires_horovod
 from tests.horovod_runs import Spec
 from tf_resnet.config import DistributionConfig
-from tf_resnet.distribute import make_mode
+from tf_resnet.distribute import averaging, make_mode
 from tf_resnet.errors import UserInputError
 
-pytestmark = requires_horovod
+ENGINES = pytest.mark.parametrize(
+    "launcher",
+    [
+        pytest.param("horovod", marks=requires_horovod),
+        pytest.param("multi_worker", marks=pytest.mark.slow),
+    ],
+)
+# The synchronous reference: Horovod's own mode on its ranks; for the
+# workers, one process (which test_multi_worker shows equals them).
+SYNCHRONOUS = {
+    "horovod": Spec("horovod", ranks=2, learning_rate=0.4),
+    "multi_worker": Spec("default", learning_rate=0.4),
+}
 
 
-def test_averaging_every_step_equals_synchronous_sgd():
+@ENGINES
+def test_averaging_every_step_equals_synchronous_sgd(launcher):
     """N=1 with momentum 0.9 and weight decay: the mean of the ranks' updates
     is the update of the mean gradient (all of it is linear), and with the
     slots averaged too each rank also holds synchronous SGD's momentum."""
     sync, averaged = horovod_runs.equivalence_runs(
-        Spec("horovod", ranks=2, learning_rate=0.4),
-        Spec("averaging", 2, learning_rate=0.8, extra=("--average_every=1",)),
+        SYNCHRONOUS[launcher],
+        Spec(
+            "averaging",
+            2,
+            learning_rate=0.8,
+            extra=("--average_every=1",),
+            launcher=launcher,
+        ),
     )
     assert "over 2 replica(s) (averaging)" in averaged.output
     for rank in (0, 1):
@@ -38,7 +64,8 @@ def test_averaging_every_step_equals_synchronous_sgd():
             np.testing.assert_allclose(value, reference, rtol=1e-4, atol=1e-7)
 
 
-def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
+@ENGINES
+def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
     """N = all 6 steps: each rank trains alone on its shard, then the two
     models are averaged; compare with two single-process runs, one per shard
     file, at the per-rank batch of 8."""
@@ -50,6 +77,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
                 f"--average_every={horovod_runs.STEPS}",
             ],
             2,
+            launcher,
         ),
         *[
             (
@@ -87,6 +115,59 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs():
             np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-7)
 
 
+@requires_horovod
 def test_average_every_must_be_positive():
     with pytest.raises(UserInputError, match="--average_every must be"):
         make_mode("averaging", 128, DistributionConfig(average_every=0))
+
+
+def test_averaging_engine_follows_how_the_processes_were_started(
+    monkeypatch,
+):
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    config = DistributionConfig()
+    assert averaging.engine(config)[0] == "horovod"
+    hosts = DistributionConfig(worker_hosts=("a:1", "b:2"))
+    assert averaging.engine(hosts) == ("multi_worker", "--worker_hosts")
+    workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
+    assert averaging.engine(config)[0] == "multi_worker"
+    monkeypatch.setenv("HOROVOD_SIZE", "2")  # horovodrun's ranks win.
+    assert averaging.engine(config)[0] == "horovod"
+
+
+@pytest.mark.parametrize("devices", ["--num_gpus=4", "--cpu_replicas=4"])
+def test_several_devices_in_one_process_name_the_launcher_to_run(
+    monkeypatch, devices
+):
+    name = devices[2:].split("=")[0]
+    argv = [
+        "resnet_main.py", "--model=resnet20", devices,
+        "--distribution=averaging", "--log_root=/tmp/my run",
+    ]  # fmt: skip
+    monkeypatch.setattr("sys.argv", argv)
+    config = DistributionConfig(**{name: 4})
+    with pytest.raises(UserInputError) as error:
+        make_mode("averaging", 128, config)
+    message = str(error.value)
+    assert "\n" not in message
+    flags = (
+        "-- --model=resnet20 --distribution=averaging '--log_root=/tmp/my run'"
+    )
+    assert f"python -m tf_resnet.launch.multi_worker --np=4 {flags}" in message
+    if HAS_HOROVOD:
+        assert f"python -m tf_resnet.launch.horovod --np=4 {flags}" in message
+    assert devices not in message
+
+
+def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
+    (command, *_) = averaging.launcher_commands(
+        2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
+    )
+    assert command == (
+        "python -m tf_resnet.launch.multi_worker --np=2 "
+        "--main=tests/hvd_worker.py -- --model=resnet8 "
+        "--distribution=averaging"
+    )

@@ -28,7 +28,9 @@ def make_mode(distribution, global_batch, config=None, devices=None):
         `runtime.start` resolves `auto` where the launcher tells.
       global_batch: examples of one step over all replicas of all workers.
       config: the `config.DistributionConfig` (GPUs, CPU replicas,
-        `average_every`, the parameter-server or multi-worker cluster);
+        `average_every`, the parameter-server or multi-worker cluster,
+        which also makes `averaging` use TensorFlow's collectives instead
+        of Horovod: `averaging.engine`);
         None: defaults.
       devices: from `runtime.configure_devices` (None: default device).
 
@@ -41,6 +43,8 @@ def make_mode(distribution, global_batch, config=None, devices=None):
             f"unknown --distribution={distribution}; known: "
             f"{', '.join(DISTRIBUTIONS)}"
         )
+    if distribution == "averaging":
+        return _averaging_mode(global_batch, config)
     if distribution in HOROVOD_DISTRIBUTIONS:
         return _horovod_mode(distribution, global_batch, config)
     if distribution == "parameter_server":
@@ -63,8 +67,34 @@ def make_mode(distribution, global_batch, config=None, devices=None):
     return tf_strategy.default_mode(global_batch)
 
 
+def _needs_horovod(distribution, hint=""):
+    return UserInputError(
+        f"--distribution={distribution} needs Horovod, which this "
+        "environment lacks: Horovod 0.28.1 builds against TensorFlow "
+        "<= 2.18 only, so requirements-latest.txt has none. Install "
+        f"requirements.txt (./setup.sh env) for Horovod{hint}."
+    )
+
+
+def _averaging_mode(global_batch, config):
+    """Averaging on TensorFlow's collectives or on Horovod ranks."""
+    from tf_resnet.distribute import averaging
+
+    try:
+        return averaging.make_mode(config, global_batch)
+    except ModuleNotFoundError as error:
+        if error.name != "horovod":
+            raise
+        raise _needs_horovod(
+            "averaging",
+            ", or run the workers without it: python -m "
+            "tf_resnet.launch.multi_worker --np=N -- --distribution=averaging "
+            "...",
+        ) from None
+
+
 def _horovod_mode(distribution, global_batch, config):
-    """A Horovod mode: one device per process, chosen by the local rank."""
+    """Synchronous Horovod: one device per process, chosen by local rank."""
     if config.num_gpus > 1 or config.cpu_replicas > 1:
         raise UserInputError(
             f"--distribution={distribution} runs one device per process: "
@@ -72,17 +102,9 @@ def _horovod_mode(distribution, global_batch, config):
             "with horovodrun -np N"
         )
     try:
-        from tf_resnet.distribute import averaging, horovod_mode
+        from tf_resnet.distribute import horovod_mode
     except ModuleNotFoundError as error:
         if error.name != "horovod":
             raise
-        raise UserInputError(
-            f"--distribution={distribution} needs Horovod, which this "
-            "environment lacks: Horovod 0.28.1 builds against TensorFlow "
-            "<= 2.18 only, so requirements-latest.txt has none. Install "
-            "requirements.txt (./setup.sh env) for Horovod."
-        ) from None
-
-    if distribution == "horovod":
-        return horovod_mode.HorovodMode(global_batch)
-    return averaging.AveragingMode(global_batch, config.average_every)
+        raise _needs_horovod(distribution) from None
+    return horovod_mode.HorovodMode(global_batch)

@@ -23,20 +23,14 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tf_resnet.distribute import base
+from tf_resnet.distribute import averaging, base
+from tf_resnet.distribute.averaging import float_variables
 from tf_resnet.errors import UserInputError
-
-_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def tf_variables(variables):
     """The `tf.Variable`s behind Keras 3 variables, which Horovod can handle."""
     return [getattr(v, "value", v) for v in variables]
-
-
-def float_variables(variables):
-    """The floating-point variables (not step counters or RNG states)."""
-    return [v for v in variables if v.dtype in _FLOAT_DTYPES]
 
 
 def average_in_place(variables):
@@ -128,3 +122,11 @@ class HorovodMode(base.DistributionMode):
     def shutdown(self):
         """Stops Horovod's background thread so the process can exit."""
         hvd.shutdown()
+
+
+class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
+    """`--distribution=averaging` on Horovod ranks (`averaging.py`)."""
+
+    def average_in_place(self, variables):
+        """One fused Horovod all-reduce of all of them."""
+        average_in_place(variables)

@@ -34,7 +34,7 @@ import tempfile
 import tensorflow as tf
 
 from tf_resnet.config import read_tf_config
-from tf_resnet.distribute import tf_strategy
+from tf_resnet.distribute import averaging, base, tf_strategy
 from tf_resnet.errors import UserInputError
 
 # The variables of a Slurm job step that SlurmClusterResolver reads.
@@ -140,6 +140,72 @@ def make_strategy(resolver, timeout_secs):
     )
 
 
+class Collectives:
+    """All-reduces over the workers of a MWMS cluster, one value per worker.
+
+    Used by the synchronous mode for what crosses workers outside the
+    gradient all-reduce, and by the averaging mode for everything (its
+    model lives outside the strategy).
+
+    Attributes:
+      num_workers: processes of the cluster.
+      worker_index: this process's index; 0 is the chief.
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        resolver = strategy.cluster_resolver
+        spec = resolver.cluster_spec()
+        self.num_workers = spec.num_tasks("worker") + (
+            spec.num_tasks("chief") if "chief" in spec.jobs else 0
+        )
+        self.worker_index = _worker_index(resolver)
+
+    def sum(self, value):
+        """The sum over workers of `value`, given by one replica of each."""
+        local = len(self.strategy.extended.worker_devices)
+
+        def first_local_replica(context):
+            first = context.replica_id_in_sync_group % local == 0
+            return value if first else tf.zeros_like(value)
+
+        distribute = self.strategy.experimental_distribute_values_from_function
+        per_replica = distribute(first_local_replica)
+        return self.strategy.reduce(
+            tf.distribute.ReduceOp.SUM, per_replica, axis=None
+        )
+
+    def broadcast_from_chief(self, variables):
+        """Assigns the chief's value to each (reducible) variable."""
+        is_chief = self.worker_index == 0
+        for variable in variables:
+            if variable.dtype not in _REDUCIBLE:
+                continue
+            value = tf.convert_to_tensor(variable)
+            chief = tf.where(is_chief, value, tf.zeros_like(value))
+            variable.assign(self.sum(chief))
+
+    def average_in_place(self, variables):
+        """Replaces each floating-point variable by its mean over workers.
+
+        One all-reduce of all of them, flattened into one float64 vector.
+        """
+        variables = [v for v in variables if v.dtype in _REDUCIBLE[:4]]
+        if not variables:
+            return
+        flat = tf.concat(
+            [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], 0
+        )
+        mean = self.sum(flat) / self.num_workers
+        sizes = [int(tf.size(v)) for v in variables]
+        for variable, part in zip(
+            variables, tf.split(mean, sizes), strict=True
+        ):
+            variable.assign(
+                tf.cast(tf.reshape(part, variable.shape), variable.dtype)
+            )
+
+
 class MultiWorkerMode(tf_strategy.StrategyMode):
     """Synchronous SGD over the replicas of all workers.
 
@@ -149,12 +215,9 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
     """
 
     def __init__(self, strategy, global_batch):
-        resolver = strategy.cluster_resolver
-        spec = resolver.cluster_spec()
-        self.num_workers = spec.num_tasks("worker") + (
-            spec.num_tasks("chief") if "chief" in spec.jobs else 0
-        )
-        self.worker_index = _worker_index(resolver)
+        self.collectives = Collectives(strategy)
+        self.num_workers = self.collectives.num_workers
+        self.worker_index = self.collectives.worker_index
         self.is_chief = self.worker_index == 0
         super().__init__(strategy, "multi_worker", global_batch)
 
@@ -195,7 +258,7 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
 
     def all_reduce_sum(self, values):
         """Sums numpy values over workers with one collective all-reduce."""
-        return self._sum_from_first_replica(tf.constant(values)).numpy()
+        return self.collectives.sum(tf.constant(values)).numpy()
 
     def broadcast_initial_state(self, state):
         """The chief's state wins, restored or fresh.
@@ -205,48 +268,11 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
         see the chief's checkpoint (no shared `--log_root`) would otherwise
         train on from its own start.
         """
-        for variable in state.variables:
-            if variable.dtype not in _REDUCIBLE:
-                continue
-            value = tf.convert_to_tensor(variable)
-            chief = tf.where(self.is_chief, value, tf.zeros_like(value))
-            variable.assign(self._sum_from_first_replica(chief))
-
-    def _sum_from_first_replica(self, value):
-        """The sum over workers of `value`, given by one replica of each."""
-        local = len(self.strategy.extended.worker_devices)
-
-        def first_local_replica(context):
-            first = context.replica_id_in_sync_group % local == 0
-            return value if first else tf.zeros_like(value)
-
-        distribute = self.strategy.experimental_distribute_values_from_function
-        per_replica = distribute(first_local_replica)
-        return self.strategy.reduce(
-            tf.distribute.ReduceOp.SUM, per_replica, axis=None
-        )
+        self.collectives.broadcast_from_chief(state.variables)
 
     def synchronize(self, state):
-        """Averages the BN moving statistics (and their EMA) over workers.
-
-        One all-reduce of all of them, flattened into one vector.
-        """
-        variables = [
-            v for v in state.local_variables if v.dtype in _REDUCIBLE[:4]
-        ]
-        if not variables:
-            return
-        flat = tf.concat(
-            [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables], 0
-        )
-        mean = self._sum_from_first_replica(flat) / self.num_workers
-        sizes = [int(tf.size(v)) for v in variables]
-        for variable, part in zip(
-            variables, tf.split(mean, sizes), strict=True
-        ):
-            variable.assign(
-                tf.cast(tf.reshape(part, variable.shape), variable.dtype)
-            )
+        """Averages the BN moving statistics (and their EMA) over workers."""
+        self.collectives.average_in_place(state.local_variables)
 
     def checkpoint_dir(self, log_root):
         """The chief writes `log_root`; the others a directory to discard.
@@ -260,6 +286,54 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
 
     def shutdown(self):
         """Nothing to release: the servers end with the process."""
+
+
+class MultiWorkerAveragingMode(averaging.LocalSteps, base.DistributionMode):
+    """`--distribution=averaging` on the workers of a cluster.
+
+    The model, optimizer and input pipeline are this process's own, under
+    the default strategy, as in a single-process run: mirrored MWMS
+    variables would get the same all-reduced update on every worker each
+    step, while here each worker must train its own weights between
+    averages. The strategy serves only for its collectives: the initial
+    broadcast, step metrics, evaluation counts and the averages.
+    """
+
+    def __init__(self, strategy, global_batch, average_every):
+        self.collectives = Collectives(strategy)
+        self.num_replicas = self.collectives.num_workers
+        self.worker_index = self.collectives.worker_index
+        self.is_chief = self.worker_index == 0
+        super().__init__(global_batch, average_every)
+
+    def distribute_dataset(self, dataset_fn):
+        """Each worker reads its own shard, as a Horovod rank does."""
+        return iter(
+            dataset_fn(self.num_replicas, self.worker_index, self.replica_batch)
+        )
+
+    def eval_shard(self):
+        """Every worker evaluates its shard; `all_reduce_sum` adds counts."""
+        return self.num_replicas, self.worker_index
+
+    def reduce_sum(self, per_replica_value):
+        """Step metrics of all workers, so every worker logs the global loss."""
+        return {
+            key: self.collectives.sum(value)
+            for key, value in per_replica_value.items()
+        }
+
+    def all_reduce_sum(self, values):
+        """Sums numpy values over workers with one collective all-reduce."""
+        return self.collectives.sum(tf.constant(values)).numpy()
+
+    def broadcast_initial_state(self, state):
+        """The chief's state wins, restored or fresh (nothing is mirrored)."""
+        self.collectives.broadcast_from_chief(state.variables)
+
+    def average_in_place(self, variables):
+        """One collective all-reduce of all of them."""
+        self.collectives.average_in_place(variables)
 
 
 def _worker_index(resolver):
@@ -276,3 +350,21 @@ def make_mode(config, global_batch):
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     strategy = make_strategy(resolver, config.collective_timeout_secs)
     return MultiWorkerMode(strategy, global_batch)
+
+
+def make_averaging_mode(config, global_batch):
+    """`--distribution=averaging` in this cluster; first TF work of the run.
+
+    One device per worker: with GPUs, worker i takes GPU i modulo their
+    number (one worker per GPU of each machine, numbered host by host).
+    """
+    resolver = cluster_resolver(config.worker_hosts, config.task_index)
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[_worker_index(resolver) % len(gpus)]
+        tf.config.set_visible_devices(gpu, "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+    strategy = make_strategy(resolver, config.collective_timeout_secs)
+    return MultiWorkerAveragingMode(
+        strategy, global_batch, config.average_every
+    )

@@ -7,7 +7,9 @@
 
 Everything after `--` goes to every worker's `resnet_main.py`; the launcher
 adds `--distribution=multi_worker`, since these workers can run no other
-mode (as the ps launcher adds `parameter_server` to its coordinator), and
+mode (as the ps launcher adds `parameter_server` to its coordinator) but
+`--distribution=averaging`, which is kept when given (weights averaged
+every `--average_every` steps over TensorFlow's collectives), and
 gives each worker a `TF_CONFIG` naming the cluster (ports picked free on
 127.0.0.1) and its own index; worker 0 is the chief. A `TF_CONFIG` of the
 caller is replaced.
@@ -60,12 +62,9 @@ def parse_args(argv):
 def worker_commands(main, main_flags, num_workers):
     """`{name: (command, environment)}` of each worker, for `run_peers`."""
     hosts = [f"127.0.0.1:{port}" for port in processes.free_ports(num_workers)]
-    command = [
-        sys.executable,
-        main,
-        *main_flags,
-        "--distribution=multi_worker",
-    ]
+    command = [sys.executable, main, *main_flags]
+    if "--distribution=averaging" not in main_flags:
+        command.append("--distribution=multi_worker")
     commands = {}
     for index, host in enumerate(hosts):
         tf_config = {
