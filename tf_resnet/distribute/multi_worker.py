@@ -20,6 +20,10 @@ Horovod mode does, so the workers evaluate and save one model.
 (`--sync_bn` normalises each batch with statistics of the whole global
 batch, which is another matter.)
 
+The same cluster also runs `--distribution=averaging`
+(`MultiWorkerAveragingMode`): there the strategy only lends its collectives
+(`Collectives`) and each worker trains its own, unmirrored model.
+
 A lost peer must make the others fail, not hang: a dead one resets its
 connections, so the next all-reduce fails; a frozen one stops answering
 TensorFlow's coordination service (apparently what aborts the collectives
