@@ -4,11 +4,12 @@
 
 Trains `--model` on the real CIFAR-10 sample in ../shared/data (or
 `--data_dir`) once per mode through the real entry points (resnet_main.py,
-horovodrun, the parameter-server launcher), with the same global batch,
-epochs, schedule and seed, and prints images/sec (median of the progress
-lines after the first), final test accuracy (last row of eval.csv) and wall
-time. On a 2-core machine the multi-process modes share the same two cores,
-so this shows overheads and correctness, not multi-machine speed-ups.
+horovodrun, the multi_worker and parameter-server launchers), with the
+same global batch, epochs, schedule and seed, and prints images/sec
+(median of the progress lines after the first), final test accuracy (last
+row of eval.csv) and wall time. On a 2-core machine the multi-process modes
+share the same two cores, so this shows overheads and correctness, not
+multi-machine speed-ups.
 """
 
 import argparse
@@ -34,10 +35,13 @@ def modes():
     # Both launchers keep their ranks/tasks in a loopback-only namespace.
     hvd = [PYTHON, "-m", "tf_resnet.launch.horovod", "--np=2", "--"]
     launcher = [PYTHON, "-m", "tf_resnet.launch.ps"]
+    # It adds --distribution=multi_worker itself.
+    multi_worker = [PYTHON, "-m", "tf_resnet.launch.multi_worker", "--np=2"]
     return [
         ("single process", main, ["--distribution=default"]),
         ("mirrored (2 CPU devices)", main, ["--cpu_replicas=2"]),
         ("horovod (2 ranks)", hvd, ["--distribution=horovod"]),
+        ("multi_worker (2 workers, no Horovod)", [*multi_worker, "--"], []),
         (
             "averaging (2 ranks, every 10 steps)",
             hvd,
@@ -93,7 +97,11 @@ def main():
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--epochs", type=float, default=3)
     parser.add_argument("--batch_size", type=int, default=128)
-    parser.add_argument("--only", default="", help="substring of mode names")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated substrings of the mode names to run",
+    )
     args = parser.parse_args()
     common = [
         "--dataset=cifar10",
@@ -113,7 +121,8 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, (name, prefix, extra) in enumerate(modes()):
-            if args.only and args.only not in name:
+            wanted = [part for part in args.only.split(",") if part]
+            if wanted and not any(part in name for part in wanted):
                 continue
             log_root = os.path.join(scratch, f"mode{index}")
             rows.append(run_mode(name, prefix, extra, common, log_root))

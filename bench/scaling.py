@@ -1,4 +1,4 @@
-"""Horovod scaling on one machine: 2 ranks x 1 thread vs 1 rank x 1 thread.
+"""Scaling on one machine, Horovod and multi_worker: 2 processes vs 1.
 
   .venv/bin/python bench/scaling.py
 
@@ -15,12 +15,23 @@ Horovod's own 1 ms to show what that choice moved. A 1-process, 2-thread
 run without Horovod is the context row: what the same 2 cores give without
 data parallelism.
 
+`--distribution=multi_worker` (TensorFlow's MultiWorkerMirroredStrategy,
+no Horovod) runs the same step in the same rounds, 1 and 2 workers
+started by `tf_resnet.launch.multi_worker` the way the Horovod jobs are
+started by `tf_resnet.launch.horovod`; each engine's 2-process rate is
+divided by its own 1-process rate. Without Horovod installed its rows
+are the only ones run.
+
 The all-reduce time is measured in the same job: the mode's
 `all_reduce_gradients` on tensors shaped like the gradients plus its
-metric `reduce_sum`, timed alone, as a fraction of the step.
+metric `reduce_sum`, timed alone, as a fraction of the step. Under
+multi_worker the gradients are reduced inside the optimizer, so there
+it is one replica-context `all_reduce` of the gradient list (what the
+strategy batches into one collective) plus the same `reduce_sum`.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -46,7 +57,7 @@ def run_rank(spec):
     from tf_resnet.distribute import make_mode
     from tf_resnet.distribute.base import TrainState
 
-    ranks = int(os.environ.get("HOROVOD_SIZE", "1"))
+    ranks = processes_in_job()
     data = common.DATA["cifar10"]
     config = make_config(
         train_data_path=data["path"],
@@ -97,8 +108,21 @@ def run_rank(spec):
 
     @tf.function
     def all_reduce(grads, scalars):
-        reduced = mode.all_reduce_gradients(grads)
-        return reduced[0][0], mode.reduce_sum(scalars)
+        if spec["distribution"] != "multi_worker":
+            reduced = mode.all_reduce_gradients(grads)
+            return reduced[0][0], mode.reduce_sum(scalars)
+
+        def replica_fn():
+            # Made on the replica's device: the all-reduce sends from there.
+            local = [tf.identity(g) for g in grads]
+            context = tf.distribute.get_replica_context()
+            reduced = context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+            return reduced[0][0], {
+                k: tf.identity(v) for k, v in scalars.items()
+            }
+
+        first, per_replica = mode.strategy.run(replica_fn)
+        return first, mode.reduce_sum(per_replica)
 
     all_reduce(grads, scalars)
     calls = 50
@@ -127,13 +151,26 @@ def run_rank(spec):
     mode.shutdown()
 
 
+def processes_in_job():
+    """Ranks (Horovod) or workers (multi_worker's TF_CONFIG) of this job."""
+    if "TF_CONFIG" in os.environ:
+        return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    return int(os.environ.get("HOROVOD_SIZE", "1"))
+
+
 def run_job(spec, ranks, env):
     """Runs one configuration; returns rank 0's result dict."""
     worker_flags = ["--worker", json.dumps(spec)]
+    # The project's launchers: processes in a loopback-only namespace. The
+    # multi_worker one also appends --distribution=multi_worker, which the
+    # worker ignores (its spec says so already).
+    launcher = {
+        "horovod": "tf_resnet.launch.horovod",
+        "multi_worker": "tf_resnet.launch.multi_worker",
+    }.get(spec["distribution"])
     if ranks:
         command = [
-            # The project's launcher: ranks in a loopback-only namespace.
-            sys.executable, "-m", "tf_resnet.launch.horovod", f"--np={ranks}",
+            sys.executable, "-m", launcher, f"--np={ranks}",
             f"--main={os.path.abspath(__file__)}", "--", *worker_flags,
         ]  # fmt: skip
     else:
@@ -146,7 +183,7 @@ def run_job(spec, ranks, env):
         cwd=common.ROOT,
         timeout=1800,
     )
-    for line in proc.stdout.splitlines():
+    for line in (proc.stdout + proc.stderr).splitlines():
         # horovodrun prefixes rank output with "[0]<stdout>:".
         if RESULT in line:
             return json.loads(line.split(RESULT, 1)[1])
@@ -165,7 +202,7 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=4)
     args = parser.parse_args()
-    common.print_environment("Horovod scaling, images/sec (global)")
+    common.print_environment("Horovod and multi_worker scaling, images/sec")
     base = {
         "model": args.model,
         "batch": args.batch,
@@ -174,63 +211,88 @@ def main():
         "blocks": args.blocks,
     }
     horovod = {**base, "distribution": "horovod"}
-    # name: (spec, ranks (0: no horovodrun), threads per rank, environment)
+    multi_worker = {**base, "distribution": "multi_worker"}
+    # name: (spec, processes (0: no launcher), threads per process,
+    # environment, the row its rate is divided by)
     configs = {
-        "1 rank x 1 thread": (horovod, 1, 1, {}),
-        "2 ranks x 1 thread": (horovod, 2, 1, {}),
+        "1 rank x 1 thread": (horovod, 1, 1, {}, "1 rank x 1 thread"),
+        "2 ranks x 1 thread": (horovod, 2, 1, {}, "1 rank x 1 thread"),
         "2 ranks x 1 thread, Horovod's 1 ms cycle": (
             horovod,
             2,
             1,
             {"HOROVOD_CYCLE_TIME": "1"},
+            "1 rank x 1 thread",
+        ),
+        "multi_worker, 1 worker x 1 thread": (
+            multi_worker,
+            1,
+            1,
+            {},
+            "multi_worker, 1 worker x 1 thread",
+        ),
+        "multi_worker, 2 workers x 1 thread": (
+            multi_worker,
+            2,
+            1,
+            {},
+            "multi_worker, 1 worker x 1 thread",
         ),
         "1 process x 2 threads, no Horovod": (
             {**base, "distribution": "default"},
             0,
             2,
             {},
+            "1 rank x 1 thread",
         ),
     }
+    if importlib.util.find_spec("horovod") is None:
+        print("(no Horovod here: multi_worker and the plain process only)")
+        configs = {
+            name: (*config[:4], "multi_worker, 1 worker x 1 thread")
+            for name, config in configs.items()
+            if config[0]["distribution"] != "horovod"
+        }
     results = {name: [] for name in configs}
     for round_index in range(args.repetitions):
         names = list(configs)
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            spec, ranks, threads, env = configs[name]
+            spec, ranks, threads, env, _ = configs[name]
             results[name].append(
                 run_job({**spec, "threads": threads}, ranks, env)
             )
-    single = [
-        statistics.median(r["images_per_sec"])
-        for r in results["1 rank x 1 thread"]
-    ]
+
+    def rates(name):
+        return [statistics.median(r["images_per_sec"]) for r in results[name]]
+
     rows = []
     for name, runs in results.items():
-        rates = [statistics.median(r["images_per_sec"]) for r in runs]
         step_ms = common.Stats(r["step_ms"] for r in runs)
         reduce_ms = common.Stats(r["allreduce_ms"] for r in runs)
         share = common.Stats(r["allreduce_ms"] / r["step_ms"] for r in runs)
-        horovod = configs[name][1] > 0
+        launched = configs[name][1] > 0
         rows.append(
             [
                 name,
-                common.Stats(rates).format(),
-                common.ratio(rates, single).format(2),
+                common.Stats(rates(name)).format(),
+                common.ratio(rates(name), rates(configs[name][4])).format(2),
                 step_ms.format(),
-                reduce_ms.format(2) if horovod else "-",
-                f"{100 * share.median:.1f}%" if horovod else "-",
+                reduce_ms.format(2) if launched else "-",
+                f"{100 * share.median:.1f}%" if launched else "-",
                 f"{statistics.median(r['warmup_s'] for r in runs):.1f}",
             ]
         )
+    first = next(iter(results.values()))[0]
     common.print_table(
-        f"{args.model}, batch {args.batch} per rank, gradients "
-        f"{results['1 rank x 1 thread'][0]['gradient_mb']:.2f} MB, "
+        f"{args.model}, batch {args.batch} per process, gradients "
+        f"{first['gradient_mb']:.2f} MB, "
         f"{args.repetitions} rounds x {args.blocks} blocks x {args.steps} "
         f"steps; load {common.load_average():.2f} at end",
         [
             "configuration",
             "images/sec median (min-max)",
-            "/ 1 rank x 1 thread",
+            "/ 1 process, same engine",
             "step ms",
             "all-reduce ms",
             "all-reduce / step",

@@ -17,8 +17,14 @@
 #                resubmitting with the same LOG_ROOT resumes the run
 #   EXTRA_FLAGS  appended to every resnet_main.py command; they win over the
 #                preset (e.g. "--train_epochs=30 --dtype=float32")
-#   HOROVOD_FLAGS  sync task: extra horovodrun flags
+#   ENGINE       sync task: horovod (default: horovodrun, one rank per task
+#                slot) or multi_worker (--distribution=multi_worker, one
+#                worker per task slot started by srun or pbsdsh; no Horovod
+#                needed)
+#   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
+#   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
+#                (default 2222)
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
 #   PS_PORT      async task: task i listens on PS_PORT + i (default 2222)
 #   STOP_TIMEOUT async task: seconds the coordinator has to checkpoint and
@@ -96,8 +102,21 @@ train_single() {
     ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
-# Synchronous all-reduce: one Horovod rank per task slot, on every node.
+# Synchronous all-reduce: one process per task slot, on every node, with
+# the engine ENGINE names.
 train_sync() {
+  case ${ENGINE:-horovod} in
+    horovod) train_sync_horovod "$@" ;;
+    multi_worker) train_sync_multi_worker "$@" ;;
+    *)
+      log "error: ENGINE=$ENGINE: expected horovod or multi_worker"
+      return 2
+      ;;
+  esac
+}
+
+# One Horovod rank per task slot.
+train_sync_horovod() {
   local preset=$1 flags hosts ranks horovod_flags
   mapfile -t flags < <(task_flags "$preset")
   read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
@@ -113,6 +132,64 @@ train_sync() {
     ${horovod_flags[@]+"${horovod_flags[@]}"} \
     "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
     ${EXTRA[@]+"${EXTRA[@]}"}
+}
+
+# One --distribution=multi_worker worker per task slot (TensorFlow's
+# MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun or by
+# pbsdsh -n i. Slot i listens on MW_PORT + i; slot 0 is the chief.
+train_sync_multi_worker() {
+  local preset=$1 flags slots port=${MW_PORT:-2222} addresses=() hosts i
+  local workers=() code=0
+  mapfile -t flags < <(task_flags "$preset")
+  mapfile -t slots < <(job_slots)
+  for i in "${!slots[@]}"; do addresses+=("${slots[i]}:$((port + i))"); done
+  hosts=$(IFS=,; echo "${addresses[*]}")
+  cd "$REPO"
+  log "$preset: ${#slots[@]} multi_worker workers at $hosts"
+  # Everything as arguments (pbsdsh passes no environment), the engine's
+  # flags last so that they win over EXTRA_FLAGS; each task first enters
+  # the repository (pbsdsh starts tasks in $HOME).
+  local command=("$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}"
+    ${EXTRA[@]+"${EXTRA[@]}"} --distribution=multi_worker
+    --worker_hosts="$hosts")
+  if [[ $SCHEDULER == slurm ]]; then
+    # One task per slot, its index from SLURM_PROCID; srun stops them all
+    # when one fails.
+    srun --ntasks="${#slots[@]}" --distribution=block --kill-on-bad-exit=1 \
+      /bin/bash -c 'cd "$1" && shift && exec "$@" --task_index="$SLURM_PROCID"' \
+      task "$REPO" "${command[@]}"
+    return
+  fi
+  for i in "${!slots[@]}"; do
+    pbsdsh -n "$i" -- /bin/bash -c 'cd "$1" && shift && exec "$@"' \
+      task "$REPO" "${command[@]}" --task_index="$i" &
+    workers+=($!)
+  done
+  # A stop signal goes to every worker (each checkpoints its part); a
+  # failed worker stops the others, whose collectives would wait for it.
+  trap 'kill -TERM "${workers[@]}" 2>/dev/null' TERM INT
+  local pid status alive
+  while ((${#workers[@]})); do
+    alive=()
+    for pid in "${workers[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then
+        alive+=("$pid")
+        continue
+      fi
+      wait "$pid" && continue
+      status=$?
+      if ((!code)); then
+        code=$status
+        log "error: a worker exited with code $code; stopping the others"
+        kill -TERM "${workers[@]}" 2>/dev/null || true
+      fi
+    done
+    workers=(${alive[@]+"${alive[@]}"})
+    ((${#workers[@]})) && sleep 1
+  done
+  trap - TERM INT
+  log "workers exited, code $code"
+  return "$code"
 }
 
 # Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others

@@ -6,8 +6,9 @@ twice for PBS), from a directory that is not the repository (PBS starts
 jobs in `$HOME`). The data variables point at generated CIFAR or
 Tiny-ImageNet files and `EXTRA_FLAGS` shrinks the run to a small model and
 two steps, so the very lines that would run on a cluster start real
-`resnet_main.py` processes, `horovodrun` ranks and parameter-server tasks
-here, which train and write their checkpoint and `eval.csv`.
+`resnet_main.py` processes, `horovodrun` ranks, multi_worker workers
+(`ENGINE=multi_worker`, under Slurm only) and parameter-server tasks here,
+which train and write their checkpoint and `eval.csv`.
 
 `scontrol`, `srun` and `pbsdsh` do not exist here. The tests put stand-ins
 for them on `PATH` that do what the real ones do on a one-node allocation
@@ -308,6 +309,34 @@ def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
     assert "2 ranks on localhost:2" in text
     assert "distribution horovod" in text
     assert_trained(log_root, text)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["slurm"])
+def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
+    """ENGINE=multi_worker: srun starts the workers; no Horovod involved."""
+    log_root = tmp_path / "sync_mw"
+    code, text = run_job(
+        f"course_sync_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
+        {**cifar100, "LOG_ROOT": str(log_root), "ENGINE": "multi_worker",
+         "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert "2 multi_worker workers at localhost:2222,localhost:2223" in text
+    # Both workers started, each with its own --task_index from SLURM_PROCID.
+    assert text.count("distribution multi_worker") == 2, text[-4000:]
+    assert "horovodrun" not in text, text[-4000:]
+    assert_trained(log_root, text)
+    assert "processes left after the job" not in text
+
+
+def test_sync_job_rejects_an_unknown_engine(tmp_path, cifar100):
+    code, text = run_job(
+        "course_sync_cifar100.sbatch", "slurm", tmp_path,
+        {**cifar100, "ENGINE": "mpi"}, timeout=30,
+    )  # fmt: skip
+    assert code == 2, text
+    assert "ENGINE=mpi: expected horovod or multi_worker" in text
 
 
 @pytest.mark.slow
