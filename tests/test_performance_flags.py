@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import ROOT, run_python
+from tests.helpers import ROOT, requires_horovod, run_python
 from tf_resnet import runtime, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
@@ -196,6 +196,7 @@ def test_mixed_bfloat16_trains(policy):
     assert losses[-1] < 0.7 * losses[0]
 
 
+@requires_horovod
 def test_thread_and_horovod_settings_reach_tensorflow():
     """Parsed in a fresh process: thread pools are fixed once TF starts."""
     script = (
