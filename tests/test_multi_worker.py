@@ -55,6 +55,19 @@ def weights(dump_dir, rank, name="weights"):
 
 
 @pytest.mark.slow
+def resnet8_flags(synthetic_cifar, log_root, *extra):
+    """Flags of a small BatchNorm network on the synthetic data."""
+    return [
+        "--dataset=cifar10",
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        f"--log_root={log_root}",
+        "--model=resnet8",
+        "--batch_size=32",
+        *extra,
+    ]
+
+
 def test_two_workers_train_exactly_like_one_process(tmp_path):
     # horovod_runs' equivalence setup: data read in order, a model that no
     # crop or flip changes, so both runs see the same examples each step.
@@ -90,19 +103,16 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
     synthetic_cifar, tmp_path
 ):
     log_root = tmp_path / "log"
-    flags = [
-        "--dataset=cifar10",
-        f"--train_data_path={synthetic_cifar['train']}",
-        f"--eval_data_path={synthetic_cifar['eval']}",
-        f"--log_root={log_root}",
-        "--model=resnet8",  # BatchNorm: its moving statistics must agree.
-        "--batch_size=32",
+    # ResNet-8 has BatchNorm: its moving statistics must agree.
+    flags = resnet8_flags(
+        synthetic_cifar,
+        log_root,
         "--train_steps=12",
         "--steps_per_run=6",
         "--log_every_steps=3",
         "--shuffle_buffer=100",
         "--dtype=float32",
-    ]
+    )
     first_dump, second_dump = tmp_path / "first", tmp_path / "second"
     code, output = finish(launch(first_dump, flags))
     assert code == 0, output[-3000:]
@@ -162,16 +172,12 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
 ):
     # SIGKILL resets the connection; SIGSTOP leaves it open and silent, so
     # only --collective_timeout_secs ends the survivor's wait.
-    flags = [
-        "--dataset=cifar10",
-        f"--train_data_path={synthetic_cifar['train']}",
-        f"--eval_data_path={synthetic_cifar['eval']}",
-        f"--log_root={tmp_path / 'log'}",
-        "--model=resnet8",
-        "--batch_size=32",
+    flags = resnet8_flags(
+        synthetic_cifar,
+        tmp_path / "log",
         "--train_steps=100000",
         "--collective_timeout_secs=15",
-    ]
+    )
     result = subprocess.run(
         [
             sys.executable, "-c", textwrap.dedent(SURVIVOR), ROOT,
@@ -191,18 +197,10 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
 def test_the_launcher_ends_with_the_first_failed_worker(
     synthetic_cifar, tmp_path
 ):
-    process = launch(
-        tmp_path,
-        [
-            "--dataset=cifar10",
-            f"--train_data_path={synthetic_cifar['train']}",
-            f"--eval_data_path={synthetic_cifar['eval']}",
-            f"--log_root={tmp_path / 'log'}",
-            "--model=resnet8",
-            "--batch_size=32",
-            "--train_steps=100000",
-        ],
+    flags = resnet8_flags(
+        synthetic_cifar, tmp_path / "log", "--train_steps=100000"
     )
+    process = launch(tmp_path, flags)
     # Killed while it starts: the launcher need not wait for training.
     for line in process.stdout:
         started = re.search(r"started worker 1 at \S+ \(pid (\d+)\)", line)
