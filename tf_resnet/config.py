@@ -487,6 +487,18 @@ def read_tf_config():
     return tf_config
 
 
+def tf_config_workers():
+    """Workers (a chief included) of a `TF_CONFIG` cluster without ps.
+
+    0 when `TF_CONFIG` is unset or names parameter servers: what decides
+    whether a process is one worker of a multi-worker all-reduce.
+    """
+    cluster = read_tf_config().get("cluster", {})
+    if "ps" in cluster:
+        return 0
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
 def launcher_world_size():
     """`(processes, variable)` of a horovodrun/mpirun job, else `(1, None)`."""
     for variable in _RANK_SIZE_VARIABLES:
@@ -525,10 +537,9 @@ def resolve_distribution(distribution):
         return distribution, "--distribution"
     if ranks > 1:
         return "horovod", f"started as one of {ranks} ranks ({variable})"
-    cluster = read_tf_config().get("cluster", {})
-    if "ps" in cluster:
+    if "ps" in read_tf_config().get("cluster", {}):
         return "parameter_server", "TF_CONFIG names ps tasks"
-    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+    workers = tf_config_workers()
     if workers > 1:
         return "multi_worker", f"TF_CONFIG names {workers} workers, no ps"
     return "auto", "one process"

@@ -90,9 +90,8 @@ def engine(config):
         return "horovod", f"one of {ranks} ranks ({variable})"
     if config.worker_hosts:
         return "multi_worker", "--worker_hosts"
-    cluster = config_lib.read_tf_config().get("cluster", {})
-    workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-    if workers > 1 and "ps" not in cluster:
+    workers = config_lib.tf_config_workers()
+    if workers > 1:
         return "multi_worker", f"TF_CONFIG names {workers} workers"
     return "horovod", "no multi-worker cluster"
 
