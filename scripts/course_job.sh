@@ -71,6 +71,13 @@ job_slots() {
   done
 }
 
+# host:port of each task slot, in slot order: slot i listens on port $1+i.
+slot_addresses() {
+  local port=$1 slots i
+  mapfile -t slots < <(job_slots)
+  for i in "${!slots[@]}"; do echo "${slots[i]}:$((port + i))"; done
+}
+
 # The flags of a task: its data, run directory and weights.
 task_flags() {
   local train eval
@@ -138,14 +145,12 @@ train_sync_horovod() {
 # MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun or by
 # pbsdsh -n i. Slot i listens on MW_PORT + i; slot 0 is the chief.
 train_sync_multi_worker() {
-  local preset=$1 flags slots port=${MW_PORT:-2222} addresses=() hosts i
-  local workers=() code=0
+  local preset=$1 flags addresses hosts i workers=() code=0
   mapfile -t flags < <(task_flags "$preset")
-  mapfile -t slots < <(job_slots)
-  for i in "${!slots[@]}"; do addresses+=("${slots[i]}:$((port + i))"); done
+  mapfile -t addresses < <(slot_addresses "${MW_PORT:-2222}")
   hosts=$(IFS=,; echo "${addresses[*]}")
   cd "$REPO"
-  log "$preset: ${#slots[@]} multi_worker workers at $hosts"
+  log "$preset: ${#addresses[@]} multi_worker workers at $hosts"
   # Everything as arguments (pbsdsh passes no environment), the engine's
   # flags last so that they win over EXTRA_FLAGS; each task first enters
   # the repository (pbsdsh starts tasks in $HOME).
@@ -155,12 +160,12 @@ train_sync_multi_worker() {
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot, its index from SLURM_PROCID; srun stops them all
     # when one fails.
-    srun --ntasks="${#slots[@]}" --distribution=block --kill-on-bad-exit=1 \
+    srun --ntasks="${#addresses[@]}" --distribution=block --kill-on-bad-exit=1 \
       /bin/bash -c 'cd "$1" && shift && exec "$@" --task_index="$SLURM_PROCID"' \
       task "$REPO" "${command[@]}"
     return
   fi
-  for i in "${!slots[@]}"; do
+  for i in "${!addresses[@]}"; do
     pbsdsh -n "$i" -- /bin/bash -c 'cd "$1" && shift && exec "$@"' \
       task "$REPO" "${command[@]}" --task_index="$i" &
     workers+=($!)
@@ -195,16 +200,15 @@ train_sync_multi_worker() {
 # Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others
 # workers; the coordinator runs here, in the batch shell on the first node.
 train_async() {
-  local preset=$1 flags slots num_ps=${NUM_PS:-1} port=${PS_PORT:-2222}
-  local addresses=() ps_hosts worker_hosts i code=0
+  local preset=$1 flags num_ps=${NUM_PS:-1} addresses ps_hosts worker_hosts
+  local i code=0
   SERVERS=()  # The srun or pbsdsh processes that started the servers.
   mapfile -t flags < <(task_flags "$preset")
-  mapfile -t slots < <(job_slots)
-  if ((${#slots[@]} <= num_ps)); then
-    log "error: ${#slots[@]} task slots for NUM_PS=$num_ps: no worker left"
+  mapfile -t addresses < <(slot_addresses "${PS_PORT:-2222}")
+  if ((${#addresses[@]} <= num_ps)); then
+    log "error: ${#addresses[@]} task slots for NUM_PS=$num_ps: no worker left"
     return 2
   fi
-  for i in "${!slots[@]}"; do addresses+=("${slots[i]}:$((port + i))"); done
   ps_hosts=$(IFS=,; echo "${addresses[*]:0:num_ps}")
   worker_hosts=$(IFS=,; echo "${addresses[*]:num_ps}")
   cd "$REPO"
@@ -214,11 +218,11 @@ train_async() {
     "$worker_hosts")
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
-    srun --ntasks="${#slots[@]}" --distribution=block --kill-on-bad-exit=1 \
+    srun --ntasks="${#addresses[@]}" --distribution=block --kill-on-bad-exit=1 \
       "${task[@]}" &
     SERVERS+=($!)
   else
-    for i in "${!slots[@]}"; do
+    for i in "${!addresses[@]}"; do
       pbsdsh -n "$i" -- "${task[@]}" "$i" &
       SERVERS+=($!)
     done
