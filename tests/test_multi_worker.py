@@ -295,6 +295,20 @@ def test_auto_picks_multi_worker_in_a_tf_config_cluster_without_ps(
     assert config_lib.resolve_distribution("auto")[0] == "parameter_server"
 
 
+def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    preset = "course_async_cifar100"
+    assert config_lib.resolve_distribution("parameter_server", preset) == (
+        "parameter_server",
+        f"--preset={preset}",
+    )
+    assert config_lib.resolve_distribution("multi_worker", preset) == (
+        "multi_worker",
+        "--distribution",
+    )
+
+
 @pytest.mark.parametrize(
     "values, message",
     [
@@ -333,3 +347,20 @@ def test_launcher_gives_each_worker_its_tf_config():
     assert command[-2:] == ["--model=resnet32", "--distribution=multi_worker"]
     with pytest.raises(SystemExit):
         launcher.parse_args(["--np=0", "--"])
+
+
+@pytest.mark.parametrize(
+    "given",
+    [["--distribution=averaging"], ["--distribution", "averaging"]],
+)
+def test_launcher_keeps_averaging_in_either_spelling(given):
+    commands = launcher.worker_commands("main.py", given, 2)
+    command, _ = next(iter(commands.values()))
+    assert command[-len(given) :] == given
+
+
+def test_launcher_refuses_a_mode_its_workers_cannot_run(capsys):
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--np=2", "--", "--distribution", "horovod"])
+    error = capsys.readouterr().err
+    assert "--distribution=horovod: these workers run" in error

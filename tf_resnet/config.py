@@ -508,7 +508,7 @@ def launcher_world_size():
     return 1, None
 
 
-def resolve_distribution(distribution):
+def resolve_distribution(distribution, preset=None):
     """The mode `--distribution` names, `auto` resolved; and why.
 
     `auto` looks at how the process was started: by horovodrun or mpirun
@@ -517,6 +517,10 @@ def resolve_distribution(distribution):
     in a `TF_CONFIG` cluster of several workers and no ps, `multi_worker`;
     otherwise `mirrored` or `default` by the devices, which only
     `make_mode` knows (returned as `auto`).
+
+    Args:
+      distribution: the resolved `--distribution` value.
+      preset: the run's `--preset`, named as the reason when it set the mode.
 
     Returns:
       `(name, reason)`.
@@ -534,6 +538,8 @@ def resolve_distribution(distribution):
             "--distribution=horovod or averaging (or leave it at auto)"
         )
     if distribution != "auto":
+        if PRESETS.get(preset, {}).get("distribution") == distribution:
+            return distribution, f"--preset={preset}"
         return distribution, "--distribution"
     if ranks > 1:
         return "horovod", f"started as one of {ranks} ranks ({variable})"

@@ -124,7 +124,9 @@ def start(config):
     )
     policy = resolve_dtype(runtime.dtype)
     keras.config.set_dtype_policy(policy)
-    distribution, reason = config_lib.resolve_distribution(dist.distribution)
+    distribution, reason = config_lib.resolve_distribution(
+        dist.distribution, config.preset
+    )
     devices = None
     # Horovod ranks pin their device by local rank once Horovod runs; ps
     # and worker tasks and the ps coordinator use the cluster's devices.

@@ -433,9 +433,12 @@ def _train(config, mode, plan, split):
             if stop.received:
                 progress.log(step)
                 checkpoints.save(step)
+                where = "by the chief"
+                if mode.is_chief:
+                    where = f"to {checkpoints.latest}"
                 raise TrainingInterrupted(
                     f"{stop.received.name} at step {step}: checkpoint written "
-                    f"to {checkpoints.latest}",
+                    f"{where}",
                     int(stop.received),
                 )
     return {"step": step, **last_eval}

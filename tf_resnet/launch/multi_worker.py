@@ -31,7 +31,23 @@ import sys
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
+# The modes these workers can run; `auto` would pick multi_worker anyway.
+WORKER_MODES = ("multi_worker", "averaging", "auto")
 log = cli.logger("launch.multi_worker")
+
+
+def given_distribution(main_flags):
+    """`--distribution` among `resnet_main.py`'s flags (the last one), or None.
+
+    Both spellings absl accepts, `--distribution=X` and `--distribution X`.
+    """
+    value = None
+    for index, flag in enumerate(main_flags):
+        if flag.startswith("--distribution="):
+            value = flag.partition("=")[2]
+        elif flag == "--distribution" and index + 1 < len(main_flags):
+            value = main_flags[index + 1]
+    return value
 
 
 def parse_args(argv):
@@ -56,6 +72,12 @@ def parse_args(argv):
     args = parser.parse_launcher_args(argv, dashes_required=True)
     if args.np < 1:
         parser.error("--np must be at least 1")
+    distribution = given_distribution(args.main_flags)
+    if distribution not in (None, *WORKER_MODES):
+        parser.error(
+            f"--distribution={distribution}: these workers run "
+            "multi_worker or averaging"
+        )
     return args
 
 
@@ -63,7 +85,7 @@ def worker_commands(main, main_flags, num_workers):
     """`{name: (command, environment)}` of each worker, for `run_peers`."""
     hosts = [f"127.0.0.1:{port}" for port in processes.free_ports(num_workers)]
     command = [sys.executable, main, *main_flags]
-    if "--distribution=averaging" not in main_flags:
+    if given_distribution(main_flags) in (None, "auto"):
         command.append("--distribution=multi_worker")
     commands = {}
     for index, host in enumerate(hosts):
