@@ -90,7 +90,12 @@ run_demo() {
 
 run_tests() {
   .venv/bin/ruff check .
-  .venv/bin/python -m pytest -q "$@"
+  # One pytest worker per core, at most 4: a test may start four
+  # TensorFlow processes of its own. TF_RESNET_TEST_WORKERS overrides.
+  local cores
+  cores=$(nproc)
+  local workers=${TF_RESNET_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
+  .venv/bin/python -m pytest -q -n "$workers" "$@"
 }
 
 command=${1:-env}

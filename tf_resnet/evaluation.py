@@ -69,7 +69,7 @@ def make_eval_step(model, tta="none"):
     `tta="flip"` scores each image by the mean logits of it and its mirror.
     """
 
-    @tf.function
+    @tf.function(autograph=False)
     def eval_step(images, labels):
         return batch_counts(tta_logits(model, images, tta), labels)
 

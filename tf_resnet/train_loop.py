@@ -180,7 +180,9 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
         return grads, losses, logits
 
     if config.runtime.xla:
-        forward_backward = tf.function(forward_backward, jit_compile=True)
+        forward_backward = tf.function(
+            forward_backward, jit_compile=True, autograph=False
+        )
 
     def replica_fn(images, labels):
         grads, losses, logits = forward_backward(images, labels)

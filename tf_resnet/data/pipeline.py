@@ -64,17 +64,32 @@ def make_pipeline(
             ds = ds.skip(options.start_step * batch_size)
     ds = ds.with_options(pipeline_options())
     if element_fn is not None:
-        ds = ds.map(element_fn, num_parallel_calls=AUTOTUNE)
+        ds = ds.map(_no_autograph(element_fn), num_parallel_calls=AUTOTUNE)
     ds = ds.batch(batch_size, drop_remainder=training)
     if training:
         base_seed = tf.constant([options.seed, options.shard_index], tf.int64)
         ds = ds.enumerate(start=options.start_step).map(
-            lambda step, batch: batch_fn(batch, _batch_seed(base_seed, step)),
+            _no_autograph(
+                lambda step, batch: batch_fn(
+                    batch, _batch_seed(base_seed, step)
+                )
+            ),
             num_parallel_calls=AUTOTUNE,
         )
     else:
-        ds = ds.map(lambda batch: batch_fn(batch, None), AUTOTUNE)
+        ds = ds.map(
+            _no_autograph(lambda batch: batch_fn(batch, None)), AUTOTUNE
+        )
     return ds.prefetch(AUTOTUNE)
+
+
+def _no_autograph(fn):
+    """`fn` traced as written: the data functions use `tf.cond`, not `if`.
+
+    AutoGraph would rewrite every function they call on each trace, which
+    is a good part of a short run's start-up.
+    """
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def pipeline_options():

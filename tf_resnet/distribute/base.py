@@ -129,7 +129,7 @@ class DistributionMode:
           (for asynchronous modes, a handle that `fetch` resolves).
         """
 
-        @tf.function
+        @tf.function(autograph=False)
         def train_step(iterator):
             return self.reduce_sum(self.run(replica_fn, next(iterator)))
 

@@ -199,7 +199,7 @@ class ParameterServerMode(base.DistributionMode):
             worker = current_worker_index()
             return tf.switch_case(tf.cast(worker, tf.int32), shards)
 
-        @tf.function
+        @tf.function(autograph=False)
         def per_worker_dataset_fn():
             return self.strategy.distribute_datasets_from_function(input_fn)
 
@@ -234,7 +234,7 @@ class ParameterServerMode(base.DistributionMode):
                 )
         worker_steps = self._worker_steps
 
-        @tf.function
+        @tf.function(autograph=False)
         def worker_step(iterator):
             worker = current_worker_index()
             worker_steps.assign_add(
