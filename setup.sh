@@ -95,7 +95,7 @@ run_tests() {
   local cores
   cores=$(nproc)
   local workers=${TF_RESNET_TEST_WORKERS:-$((cores < 4 ? cores : 4))}
-  .venv/bin/python -m pytest -q -n "$workers" "$@"
+  .venv/bin/python -m pytest -q -n "$workers" --dist=worksteal "$@"
 }
 
 command=${1:-env}
