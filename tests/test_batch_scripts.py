@@ -267,7 +267,7 @@ def test_course_cifar100(scheduler, tmp_path, cifar100):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["pbs"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
     log_root = tmp_path / "tin"
     code, text = run_job(
@@ -280,7 +280,7 @@ def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["slurm"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
     log_root = tmp_path / "r18"
     # The preset's network and weights, at 32x32 with the small-image stem
@@ -312,9 +312,9 @@ def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", ["slurm"])
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
-    """ENGINE=multi_worker: srun starts the workers; no Horovod involved."""
+    """ENGINE=multi_worker: srun/pbsdsh start the workers; no Horovod."""
     log_root = tmp_path / "sync_mw"
     code, text = run_job(
         f"course_sync_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
