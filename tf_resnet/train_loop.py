@@ -357,11 +357,16 @@ def train(config, mode):
     """
     split = data.split_of(config, training=True)
     plan = plan_run(config, split)
-    if not mode.is_chief:
-        return _train(config, mode, plan, split)
-    check_writable(config.run.log_root)
-    with run_lock(config.run.log_root):
-        return _train(config, mode, plan, split)
+    if mode.is_chief:
+        check_writable(config.run.log_root)
+        with run_lock(config.run.log_root):
+            result = _train(config, mode, plan, split)
+    else:
+        result = _train(config, mode, plan, split)
+    # Only now that the run's input iterator is released (deleting one of
+    # MultiWorkerMirroredStrategy needs every worker still there).
+    mode.end_of_run()
+    return result
 
 
 def _train(config, mode, plan, split):

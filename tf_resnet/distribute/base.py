@@ -182,5 +182,11 @@ class DistributionMode:
         """
         return log_root if self.is_chief else None
 
+    def end_of_run(self):
+        """Called by every process once its training has ended normally.
+
+        Not after a failure: a mode may wait here for its peers.
+        """
+
     def shutdown(self):
         """Releases the mode's resources (collectives, cluster)."""

@@ -278,6 +278,16 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
         """Averages the BN moving statistics (and their EMA) over workers."""
         self.collectives.average_in_place(state.local_variables)
 
+    def end_of_run(self):
+        """Waits until every worker has released its input iterator.
+
+        A worker deleting its iterator after a peer has exited waits for
+        the coordination service to declare the peer dead (10 s) and logs
+        its heartbeat errors; one all-reduce here keeps all of them alive
+        until each is done.
+        """
+        self.collectives.sum(tf.zeros([1]))
+
     def checkpoint_dir(self, log_root):
         """The chief writes `log_root`; the others a directory to discard.
 
