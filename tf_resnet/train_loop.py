@@ -444,8 +444,8 @@ def _train(config, mode, plan, split):
                 if mode.is_chief:
                     where = f"to {checkpoints.latest}"
                 raise TrainingInterrupted(
-                    f"{stop.received.name} at step {step}: checkpoint written "
-                    f"{where}",
+                    f"{stop.received.name} at step {step}: checkpoint "
+                    f"written {where}",
                     int(stop.received),
                 )
     return {"step": step, **last_eval}
