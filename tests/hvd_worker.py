@@ -14,7 +14,8 @@
 * Observes the run without changing it, writing into `--dump_dir`:
   `pid_rank<r>.txt` and `first_rank<r>.npz` (weights) after the first step,
   `weights_rank<r>.npz` and `optimizer_rank<r>.npz` (step counter and
-  momentum slots) at the end, one line per checkpoint written by this
+  momentum slots) and, with `--ema_decay`, `ema_rank<r>.npz` (the moving
+  averages) at the end, one line per checkpoint written by this
   rank in `saves_rank<r>.txt`, and one line per file it wrote through
   `summaries.atomic_write` (CSVs, plots, config.json) in
   `writes_rank<r>.txt`.
@@ -71,7 +72,7 @@ def observe_mode(mode, seen):
         after_step(step, state)
         model, optimizer = state.model, state.optimizer
         if "model" not in seen:
-            seen.update(model=model, optimizer=optimizer)
+            seen.update(model=model, optimizer=optimizer, ema=state.ema)
             np.savez(dump_path("first") + ".npz", *model.get_weights())
             # Written then renamed: the test polls for the file and must
             # never read it half-written.
@@ -123,6 +124,9 @@ def run(argv):
         np.savez(dump_path("weights") + ".npz", *seen["model"].get_weights())
         slots = [v.numpy() for v in seen["optimizer"].variables]
         np.savez(dump_path("optimizer") + ".npz", *slots)
+        if seen["ema"] is not None:
+            averages = [v.numpy() for v in seen["ema"].averages.values()]
+            np.savez(dump_path("ema") + ".npz", *averages)
     return code
 
 

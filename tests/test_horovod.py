@@ -61,12 +61,19 @@ def test_two_ranks_train_to_identical_models(shapes_files):
         "--log_every_steps=10",
         "--eval_every_steps=15",
         "--checkpoint_every_steps=15",
+        "--ema_decay=0.9",
     ]
     (run,) = horovod_runs.run_workers((flags, 2))
     rank0, rank1 = run.weights(0), run.weights(1)
     assert len(rank0) == len(rank1) > 30
     for ours, theirs in zip(rank0, rank1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
+    # The weights' moving averages agree too, and are not the weights.
+    ema0, ema1 = run.weights(0, name="ema"), run.weights(1, name="ema")
+    assert len(ema0) == len(rank0)
+    for ours, theirs in zip(ema0, ema1, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    assert any(not np.allclose(a, w) for a, w in zip(ema0, rank0, strict=True))
 
     losses = logged_losses(run.output)
     assert len(losses) >= 3 and losses == logged_losses(run.output, rank=1)

@@ -103,7 +103,8 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
     synthetic_cifar, tmp_path
 ):
     log_root = tmp_path / "log"
-    # ResNet-8 has BatchNorm: its moving statistics must agree.
+    # ResNet-8 has BatchNorm: its moving statistics must agree, and so
+    # must the moving averages of the weights.
     flags = resnet8_flags(
         synthetic_cifar,
         log_root,
@@ -112,6 +113,7 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
         "--log_every_steps=3",
         "--shuffle_buffer=100",
         "--dtype=float32",
+        "--ema_decay=0.9",
     )
     first_dump, second_dump = tmp_path / "first", tmp_path / "second"
     code, output = finish(launch(first_dump, flags))
@@ -135,6 +137,10 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
     worker0, worker1 = weights(second_dump, 0), weights(second_dump, 1)
     assert len(worker0) > 30  # Kernels, BN scale/offset/mean/variance.
     for ours, theirs in zip(worker0, worker1, strict=True):
+        np.testing.assert_array_equal(ours, theirs)
+    ema0, ema1 = weights(second_dump, 0, "ema"), weights(second_dump, 1, "ema")
+    assert len(ema0) == len(worker0)
+    for ours, theirs in zip(ema0, ema1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
 
 

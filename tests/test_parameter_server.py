@@ -198,8 +198,10 @@ def test_one_worker_trains_exactly_like_the_default_mode(
     synthetic_cifar, tmp_path
 ):
     # One worker runs the steps one after another: the same data, updates,
-    # BatchNorm statistics and momentum as one device, only remote.
-    flags = ["--train_steps=20", "--eval_every_steps=1000"]
+    # BatchNorm statistics and momentum as one device, only remote. The
+    # fast recipe (the async preset's) adds its schedule, label smoothing,
+    # weight average and flip TTA, which the evaluation uses.
+    flags = ["--train_steps=20", "--eval_every_steps=1000", "--recipe=fast"]
     cluster = Launch(synthetic_cifar, tmp_path / "ps", 1, *flags)
     local = run_main(
         [

@@ -401,10 +401,11 @@ def test_distributed_presets_are_course_cifar100_on_a_cluster(
         config_lib.resolve({**values, "preset": preset}, set())
     )
     assert flat["distribution"] == distribution
-    # The same network, data, epochs, peak rate at batch 128 and decay.
+    # The same network, data, epochs and recipe (peak rate at batch 128).
     for name in (
-        "dataset", "model", "train_epochs", "learning_rate",
-        "lr_decay_fractions", "weight_decay", "normalization",
+        "dataset", "model", "train_epochs", "recipe", "lr_schedule",
+        "learning_rate", "warmup_fraction", "weight_decay", "ema_decay",
+        "normalization",
     ):  # fmt: skip
         assert flat[name] == course[name], name
     # Explicit flags still win over the preset (a smaller cluster, a test).

@@ -73,6 +73,36 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     assert config_lib.flatten(paper) == values | {"recipe": "paper"}
 
 
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "course_cifar100",
+        "course_tinyimagenet",
+        "course_sync_cifar100",
+        "course_async_cifar100",
+    ],
+)
+def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
+    values = config_lib.flatten(config_lib.Config())
+    values.update(
+        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
+    )
+    flat = config_lib.flatten(
+        config_lib.resolve({**values, "preset": preset}, set())
+    )
+    assert flat["recipe"] == "fast"
+    for name, value in config_lib.RECIPES["fast"].items():
+        assert flat[name] == value, name
+    # --recipe=paper under a preset: the paper's knobs, the preset's task.
+    paper = config_lib.flatten(
+        config_lib.resolve(
+            {**values, "preset": preset, "recipe": "paper"}, {"recipe"}
+        )
+    )
+    assert (paper["lr_schedule"], paper["ema_decay"]) == ("step", 0.0)
+    assert paper["model"] == "course_resnet"
+
+
 def _eval_rows(path, column="precision"):
     with open(path, newline="") as stream:
         return {

@@ -29,8 +29,12 @@ from tf_resnet.errors import UserInputError
 
 
 def tf_variables(variables):
-    """The `tf.Variable`s behind Keras 3 variables, which Horovod can handle."""
-    return [getattr(v, "value", v) for v in variables]
+    """The `tf.Variable`s behind Keras 3 variables, which Horovod can handle.
+
+    Variables that already are `tf.Variable`s (the EMA's averages) pass as
+    they are: their `value` is a method, not a variable.
+    """
+    return [v if isinstance(v, tf.Variable) else v.value for v in variables]
 
 
 def average_in_place(variables):
