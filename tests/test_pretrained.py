@@ -7,7 +7,7 @@ import pytest
 import safetensors.numpy
 import tensorflow as tf
 
-from tests.helpers import run_main, write_cifar_records
+from tests.helpers import flag_values, run_main, write_cifar_records
 from tf_resnet import config as config_lib
 from tf_resnet import train_loop
 from tf_resnet.config import make_config
@@ -390,10 +390,7 @@ def test_preset_sets_defaults_and_explicit_flags_win(tmp_path):
 def test_distributed_presets_are_course_cifar100_on_a_cluster(
     tmp_path, preset, distribution
 ):
-    values = config_lib.flatten(config_lib.Config())
-    values.update(
-        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
-    )
+    values = flag_values(tmp_path)
     course = config_lib.flatten(
         config_lib.resolve({**values, "preset": "course_cifar100"}, set())
     )

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import run_main
+from tests.helpers import flag_values, run_main
 from tests.test_reliability import train_args
 from tf_resnet import config as config_lib
 
@@ -56,10 +56,7 @@ def test_the_paper_recipe_trains_exactly_as_before(synthetic_cifar, tmp_path):
 
 
 def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
-    values = config_lib.flatten(config_lib.Config())
-    values.update(
-        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
-    )
+    values = flag_values(tmp_path)
     fast = config_lib.resolve({**values, "recipe": "fast"}, {"recipe"})
     for name, value in config_lib.RECIPES["fast"].items():
         assert config_lib.flatten(fast)[name] == value, name
@@ -83,10 +80,7 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     ],
 )
 def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
-    values = config_lib.flatten(config_lib.Config())
-    values.update(
-        train_data_path="x", eval_data_path="y", log_root=str(tmp_path)
-    )
+    values = flag_values(tmp_path)
     flat = config_lib.flatten(
         config_lib.resolve({**values, "preset": preset}, set())
     )
