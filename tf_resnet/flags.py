@@ -182,6 +182,13 @@ def define_training_flags():
         0,
         "Warm-up as a fraction of the run, when --warmup_epochs is 0.",
     )
+    flags.DEFINE_float(
+        "head_lr_multiplier",
+        1.0,
+        "Learning rate of the classifier (the `logits` layer), relative to "
+        "--learning_rate.",
+        lower_bound=0.0,
+    )
     flags.DEFINE_float("momentum", 0.9, "SGD momentum.")
     flags.DEFINE_float("weight_decay", 1e-4, "L2 weight decay on kernels.")
 

@@ -187,8 +187,11 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
     def replica_fn(images, labels):
         grads, losses, logits = forward_backward(images, labels)
         variables = model.trainable_variables
-        grads = pretrained.scale_backbone_gradients(
-            grads, variables, config.optim.backbone_lr_multiplier
+        grads = pretrained.scale_gradients(
+            grads,
+            variables,
+            backbone=config.optim.backbone_lr_multiplier,
+            head=config.optim.head_lr_multiplier,
         )
         grads = mode.all_reduce_gradients(grads)
         optimizer.apply_gradients(zip(grads, variables, strict=True))

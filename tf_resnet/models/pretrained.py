@@ -311,17 +311,19 @@ def set_backbone_trainable(model, trainable):
             layer.trainable = trainable
 
 
-def scale_backbone_gradients(grads, variables, multiplier):
-    """Multiplies the backbone's gradients: a lower backbone learning rate.
+def scale_gradients(grads, variables, backbone=1.0, head=1.0):
+    """Multiplies the backbone's and the classifier's gradients.
 
     For SGD with momentum, scaling a variable's gradient (which includes
-    its L2 term) by m is the same as scaling its learning rate by m.
+    its L2 term) by m is the same as scaling its learning rate by m: a
+    slower backbone when fine-tuning, or a slower classifier where its
+    inputs are large (docs/recipes.md, `course_resnet`).
     """
-    if multiplier == 1.0:
+    if backbone == 1.0 and head == 1.0:
         return grads
     return [
-        grad * multiplier
-        if grad is not None and is_backbone_variable(variable)
-        else grad
+        None
+        if grad is None
+        else grad * (backbone if is_backbone_variable(variable) else head)
         for grad, variable in zip(grads, variables, strict=True)
     ]
