@@ -321,7 +321,8 @@ def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
         assert not np.allclose(trained[path], frozen[path]), path
 
 
-def test_backbone_lr_multiplier_scales_backbone_updates():
+@pytest.mark.parametrize("backbone, head", [(0.25, 1.0), (1.0, 0.05)])
+def test_lr_multipliers_scale_backbone_and_head_updates(backbone, head):
     keras.utils.set_random_seed(3)
     model = build_model("resnet20", 3, (8, 8, 3))
     start = [v.numpy() for v in model.trainable_variables]
@@ -330,14 +331,14 @@ def test_backbone_lr_multiplier_scales_backbone_updates():
     labels = np.array([0, 1, 2, 1], np.int32)
     mode = base.DistributionMode(4)
 
-    def update(multiplier):
+    def update(**multipliers):
         for variable, value in zip(
             model.trainable_variables, start, strict=True
         ):
             variable.assign(value)
         optimizer = keras.optimizers.SGD(0.1)
         optimizer.build(model.trainable_variables)
-        config = make_config(backbone_lr_multiplier=multiplier)
+        config = make_config(weight_decay=1e-3, **multipliers)
         train_loop.make_replica_fn(model, optimizer, mode, config)(
             images, labels
         )
@@ -346,11 +347,12 @@ def test_backbone_lr_multiplier_scales_backbone_updates():
             for v, s in zip(model.trainable_variables, start, strict=True)
         }
 
-    full, slow = update(1.0), update(0.25)
+    full = update()
+    scaled = update(backbone_lr_multiplier=backbone, head_lr_multiplier=head)
     for path, delta in full.items():
-        factor = 1.0 if path.startswith("logits/") else 0.25
+        factor = head if path.startswith("logits/") else backbone
         assert np.abs(delta).max() > 0, path
-        np.testing.assert_allclose(slow[path], factor * delta, atol=1e-7)
+        np.testing.assert_allclose(scaled[path], factor * delta, atol=1e-7)
 
 
 def test_preset_sets_defaults_and_explicit_flags_win(tmp_path):
