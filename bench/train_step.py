@@ -21,7 +21,8 @@ models' fused one; ours/fit only), `threads`, `inter`
 (TF inter-op threads), `onednn` (0/1: TF_ENABLE_ONEDNN_OPTS), `layout`
 (torch: `channels_last` or `nchw`), `data` (`cifar10` or `tinyimagenet`:
 image size and classes), `input` (`fixed` batch or `real`: ours fed by the
-training input pipeline), `wd` (weight decay, default 1e-4). Unset keys
+training input pipeline), `wd` (weight decay, default 1e-4), `preload`
+(a shared library for LD_PRELOAD, e.g. another malloc). Unset keys
 take the command-line values. `subsample=slice`: option-A shortcuts
 subsample by slicing (as before) instead of a 1x1 average pool.
 Parameter counts and weight shapes of the PyTorch twin are asserted equal
@@ -50,6 +51,7 @@ KEYS = (
     "input",
     "wd",
     "subsample",
+    "preload",
 )
 
 
@@ -343,6 +345,8 @@ def main():
                         label, {**defaults, "model": model_name}
                     )
                     env = {}
+                    if "preload" in spec:
+                        env["LD_PRELOAD"] = spec["preload"]
                     if "onednn" in spec:
                         env["TF_ENABLE_ONEDNN_OPTS"] = spec["onednn"]
                     workers.append(
