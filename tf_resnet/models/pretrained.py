@@ -321,9 +321,9 @@ def scale_gradients(grads, variables, backbone=1.0, head=1.0):
     """
     if backbone == 1.0 and head == 1.0:
         return grads
-    return [
-        None
-        if grad is None
-        else grad * (backbone if is_backbone_variable(variable) else head)
-        for grad, variable in zip(grads, variables, strict=True)
-    ]
+    scaled = []
+    for grad, variable in zip(grads, variables, strict=True):
+        factor = backbone if is_backbone_variable(variable) else head
+        # No multiply op for the unscaled part: one per variable per step.
+        scaled.append(grad if grad is None or factor == 1.0 else grad * factor)
+    return scaled
