@@ -15,6 +15,8 @@ TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
 import os
 import sys
 
+import tf_resnet  # noqa: F401  # Before TensorFlow: sets its environment.
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import tensorflow as tf  # noqa: E402

@@ -26,6 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+import tf_resnet  # noqa: E402,F401  # Before TensorFlow: sets its environment.
+
 # `../shared/data` next to the checkout, or $BENCH_DATA_DIR (a checkout
 # elsewhere, e.g. a git worktree).
 SAMPLES_DIR = os.environ.get(

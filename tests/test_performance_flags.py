@@ -6,6 +6,7 @@ the plain path computes, including the GPU-only paths that can run on a CPU
 """
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -139,6 +140,30 @@ def test_auto_dtype_resolution(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS")
     monkeypatch.setattr(runtime, "cpu_bf16_flags", lambda: ())
     assert runtime.resolve_dtype("auto") == "float32"
+
+
+@pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64"),
+    reason="TensorFlow's oneDNN kernels are an x86 matter",
+)
+@pytest.mark.parametrize("value, on", [(None, True), ("0", False)])
+def test_onednn_is_on_unless_turned_off(value, on):
+    # TensorFlow decides as it is imported, and says so at INFO level;
+    # by default it decides "off" on CPUs without AVX-512 VNNI/BF16 or AMX.
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    if value is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = value
+    proc = subprocess.run(
+        [sys.executable, "-c", "import resnet_main"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("oneDNN custom operations are on" in proc.stderr) == on
 
 
 def tiny_training(config, steps=4, image_size=8):
