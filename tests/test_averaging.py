@@ -60,8 +60,13 @@ def test_averaging_every_step_equals_synchronous_sgd(launcher):
         slots = averaged.weights(rank, name="optimizer")
         expected = sync.weights(name="optimizer")
         assert len(slots) == len(expected) > 1
-        for value, reference in zip(slots, expected, strict=True):
-            np.testing.assert_allclose(value, reference, rtol=1e-4, atol=1e-7)
+        assert slots[0] == expected[0]  # The step counter.
+        # The momenta, to 1e-4 of the largest: the two runs sum in different
+        # orders, so momenta near zero differ by more than 1e-4 of their own.
+        scale = max(float(np.abs(e).max()) for e in expected[1:])
+        assert scale > 1e-4
+        for value, reference in zip(slots[1:], expected[1:], strict=True):
+            np.testing.assert_allclose(value, reference, atol=1e-4 * scale)
 
 
 @ENGINES
