@@ -6,8 +6,6 @@ import pytest
 
 from tests.helpers import load_data_script
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 
 @pytest.fixture(scope="session")
 def synthetic_cifar(tmp_path_factory):
