@@ -353,7 +353,8 @@ def _median_or_none(values):
     return None if math.isinf(value) else value
 
 
-def print_table(results, targets, suite_name, epochs):
+def print_table(results, targets, suite_name, epochs, saved=False):
+    """The Markdown table; `saved`: the runs were loaded, not run now."""
     header = ["contender", "final acc %", "best acc %"]
     for target in targets:
         header += [f"epochs to {100 * target:g}%", f"s to {100 * target:g}%"]
@@ -380,11 +381,16 @@ def print_table(results, targets, suite_name, epochs):
         ]
         rows.append(row)
     seeds = max(len(runs) for runs in results.values())
+    # Printed from saved runs, the load and date of now say nothing.
+    when = "from saved results"
+    if not saved:
+        when = (
+            f"load {common.load_average():.2f} at end, {datetime.date.today()}"
+        )
     title = (
         f"{suite_name}, {SUITES[suite_name]['model']}, {epochs} epochs, "
         f"batch {BATCH}, medians over {seeds} seed(s) (min-max); "
-        f"{common.cpu_model()}, {os.cpu_count()} cores, load "
-        f"{common.load_average():.2f} at end, {datetime.date.today()}"
+        f"{common.cpu_model()}, {os.cpu_count()} cores, {when}"
     )
     common.print_table(title, header, rows)
 
@@ -502,7 +508,7 @@ def main():
             print(f"-- {contender.name} seed {seed}: {' '.join(command)}")
         return
     if args.results:
-        report(args, suite, _load_results(args.results.split(",")))
+        report(args, suite, _load_results(args.results.split(",")), True)
         return
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="time_to_accuracy_")
     os.makedirs(work_dir, exist_ok=True)
@@ -529,9 +535,9 @@ def main():
     print(f"raw curves: {work_dir}/results.json")
 
 
-def report(args, suite, results):
+def report(args, suite, results, saved=False):
     """The Markdown table and the plot of `results`."""
-    print_table(results, args.targets, args.suite, args.epochs)
+    print_table(results, args.targets, args.suite, args.epochs, saved)
     plot(
         results,
         args.plot,
