@@ -3,11 +3,12 @@
   .venv/bin/python bench/distribution_modes.py [--epochs=3] [--model=resnet20]
 
 Trains `--model` on the real CIFAR-10 sample in ../shared/data (or
-`--data_dir`) once per mode through the real entry points (resnet_main.py,
-horovodrun, the multi_worker and parameter-server launchers), with the
-same global batch, epochs, schedule and seed, and prints images/sec
-(median of the progress lines after the first), final test accuracy (last
-row of eval.csv) and wall time. On a 2-core machine the multi-process modes
+$BENCH_DATA_DIR, as the other benchmarks, or `--data_dir`) once per mode
+through the real entry points (resnet_main.py, horovodrun, the
+multi_worker and parameter-server launchers), with the same global batch,
+epochs, schedule and seed, and prints images/sec (median of the progress
+lines after the first), final test accuracy (last row of eval.csv) and
+wall time. On a 2-core machine the multi-process modes
 share the same two cores, so this shows overheads and correctness, not
 multi-machine speed-ups.
 """
@@ -22,10 +23,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_DATA = os.path.join(
-    os.path.dirname(ROOT), "shared", "data", "cifar-10-batches-bin"
-)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import CIFAR_DIR, ROOT  # noqa: E402
+
 PYTHON = sys.executable
 
 
@@ -93,7 +94,7 @@ def run_mode(name, prefix, extra, common, log_root):
 def main():
     """Runs every mode in turn and prints the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data_dir", default=DEFAULT_DATA)
+    parser.add_argument("--data_dir", default=CIFAR_DIR)
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--epochs", type=float, default=3)
     parser.add_argument("--batch_size", type=int, default=128)
