@@ -8,9 +8,9 @@ through the real entry points (resnet_main.py, horovodrun, the
 multi_worker and parameter-server launchers), with the same global batch,
 epochs, schedule and seed, and prints images/sec (median of the progress
 lines after the first), final test accuracy (last row of eval.csv) and
-wall time. On a 2-core machine the multi-process modes
-share the same two cores, so this shows overheads and correctness, not
-multi-machine speed-ups.
+wall time. On a 2-core machine the multi-process modes share the same two
+cores, so this shows overheads and correctness, not multi-machine
+speed-ups.
 """
 
 import argparse

@@ -508,7 +508,7 @@ def main():
             print(f"-- {contender.name} seed {seed}: {' '.join(command)}")
         return
     if args.results:
-        report(args, suite, _load_results(args.results.split(",")), True)
+        report(args, suite, _load_results(args.results.split(",")))
         return
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="time_to_accuracy_")
     os.makedirs(work_dir, exist_ok=True)
@@ -535,8 +535,9 @@ def main():
     print(f"raw curves: {work_dir}/results.json")
 
 
-def report(args, suite, results, saved=False):
+def report(args, suite, results):
     """The Markdown table and the plot of `results`."""
+    saved = bool(args.results)  # Loaded from results.json, not run now.
     print_table(results, args.targets, args.suite, args.epochs, saved)
     plot(
         results,
