@@ -105,14 +105,32 @@ def print_environment(title):
 
 
 def cpu_model():
+    """The CPU's name, family/model and native bfloat16 flags.
+
+    Two machines that both call themselves "AMD EPYC" can be a Zen 3
+    without bfloat16 and a Zen 4 with it, and `--dtype=auto` differs
+    between them; the family, model and flags tell them apart.
+    """
+    fields = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as stream:
             for line in stream:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if not line.strip():
+                    break  # The first processor's block is enough.
+                fields.setdefault(key, value.strip())
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    name = fields.get("model name") or platform.processor() or "unknown CPU"
+    if "cpu family" not in fields:
+        return name
+    flags = set(fields.get("flags", "").split())
+    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    return (
+        f"{name} (family {fields['cpu family']}, model "
+        f"{fields.get('model', '?')}; {', '.join(bf16) or 'no bf16'})"
+    )
 
 
 def start_runtime(**values):

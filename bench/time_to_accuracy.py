@@ -16,7 +16,12 @@ Contenders are `framework:recipe[:key=value]...`:
   torch:paper the twin with the PAPER knobs
 and `key=value` overrides one knob, e.g. `ours:fast:ema_decay=0.999`. The
 knobs are passed explicitly to both frameworks from one table, so `ours:fast`
-and `torch:fast` train with the same recipe by construction.
+and `torch:fast` train with the same recipe by construction. `dtype=` sets
+the precision, which is not part of a recipe: each framework's default
+unless given (ours `--dtype=auto`, the twin float32), so `ours:fast` against
+`torch:fast` is "each at its default precision" and
+`torch:fast:dtype=mixed_bfloat16` (autocast) the twin at ours' bfloat16.
+The table names the precision each contender ran at.
 
 Timing is measured here, identically for every contender: wall seconds
 from the process launch to the moment each epoch's result appears (ours: a
@@ -87,6 +92,11 @@ def recipe_knobs(name):
 
 # Knobs of ours that the PyTorch twin does not implement, at the values
 # that leave them off.
+DTYPES = {
+    "ours": ("auto", "float32", "mixed_bfloat16"),
+    "torch": ("float32", "mixed_bfloat16"),
+}
+
 TORCH_LACKS = {
     "mixup_alpha": 0.0,
     "cutmix_alpha": 0.0,
@@ -131,12 +141,21 @@ class Contender:
         self.recipe = recipe
         self.knobs = recipe_knobs(recipe)
         self.overrides = {}
+        self.dtype = DTYPES[self.framework][0]
         for override in parts[2:]:
             key, _, value = override.partition("=")
+            if key == "dtype":
+                if value not in DTYPES[self.framework]:
+                    raise SystemExit(
+                        f"contender {name!r}: dtype of {self.framework} is "
+                        f"one of {', '.join(DTYPES[self.framework])}"
+                    )
+                self.dtype = value
+                continue
             if key not in self.knobs or not value:
                 raise SystemExit(
                     f"contender {name!r}: {override!r} is not key=value with "
-                    f"a key of {', '.join(self.knobs)}"
+                    f"a key of dtype, {', '.join(self.knobs)}"
                 )
             self.knobs[key] = _parse_like(value, self.knobs[key])
             self.overrides[key] = self.knobs[key]
@@ -147,6 +166,19 @@ class Contender:
                     f"contender {name!r}: the PyTorch twin has no "
                     f"{', '.join(used)}"
                 )
+
+
+def resolved_dtype(contender):
+    """The precision the contender trains at, `auto` resolved as ours does.
+
+    The runs inherit this process's environment and CPU, so resolving here
+    gives the policy `resnet_main.py` picks in them.
+    """
+    if contender.dtype != "auto":
+        return contender.dtype
+    from tf_resnet import runtime  # Imports TensorFlow: only when needed.
+
+    return runtime.resolve_dtype("auto")
 
 
 def _parse_like(text, example):
@@ -170,6 +202,7 @@ def ours_command(contender, suite, epochs, seed, log_root):
         f"--batch_size={BATCH}",
         f"--seed={seed}",
         f"--recipe={contender.recipe}",
+        f"--dtype={contender.dtype}",
     ]
     for key, value in contender.overrides.items():
         if isinstance(value, bool):
@@ -200,6 +233,7 @@ def torch_command(contender, suite, epochs, seed):
         f"--epochs={epochs}",
         f"--batch_size={BATCH}",
         f"--seed={seed}",
+        f"--dtype={contender.dtype}",
         f"--lr_schedule={knobs['lr_schedule']}",
         f"--learning_rate={knobs['learning_rate']}",
         f"--warmup_epochs={knobs['warmup_fraction'] * epochs:g}",
@@ -355,15 +389,18 @@ def _median_or_none(values):
 
 def print_table(results, targets, suite_name, epochs, saved=False):
     """The Markdown table; `saved`: the runs were loaded, not run now."""
-    header = ["contender", "final acc %", "best acc %"]
+    header = ["contender", "precision", "final acc %", "best acc %"]
     for target in targets:
         header += [f"epochs to {100 * target:g}%", f"s to {100 * target:g}%"]
     header += ["images/sec", "total s"]
     rows = []
     for name, runs in results.items():
         summary = summarize(runs, targets)
+        # Results saved before runs recorded their precision show "?".
+        dtypes = sorted({run.get("dtype", "?") for run in runs})
         row = [
             name,
+            "/".join(dtypes),
             _percent(summary["final"]),
             _percent(summary["best"]),
         ]
@@ -514,6 +551,7 @@ def main():
     os.makedirs(work_dir, exist_ok=True)
     planned = plan_runs(args, work_dir)
     results = {contender.name: [] for contender in args.contenders}
+    dtypes = {c.name: resolved_dtype(c) for c in args.contenders}
     print(f"== time to accuracy: {args.suite}, logs in {work_dir}", flush=True)
     for seed, contender, command, run_dir in planned:
         print(f"-- {contender.name} seed {seed}: {' '.join(command)}")
@@ -528,7 +566,12 @@ def main():
         if not points:
             raise SystemExit(f"{contender.name}: no evaluation in {log_path}")
         results[contender.name].append(
-            {"seed": seed, "points": points, "seconds": seconds}
+            {
+                "seed": seed,
+                "dtype": dtypes[contender.name],
+                "points": points,
+                "seconds": seconds,
+            }
         )
         save_results(work_dir, args, results)
     report(args, suite, results)
