@@ -64,11 +64,11 @@ def modes():
     ]
 
 
-def run_mode(name, prefix, extra, common, log_root):
+def run_mode(name, prefix, extra, shared_flags, log_root):
     """Runs one mode; returns its row of the table."""
     start = time.time()
     proc = subprocess.run(
-        [*prefix, *common, f"--log_root={log_root}", *extra],
+        [*prefix, *shared_flags, f"--log_root={log_root}", *extra],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -104,7 +104,7 @@ def main():
         help="comma-separated substrings of the mode names to run",
     )
     args = parser.parse_args()
-    common = [
+    shared_flags = [
         "--dataset=cifar10",
         f"--train_data_path={args.data_dir}/data_batch*",
         f"--eval_data_path={args.data_dir}/test_batch.bin",
@@ -126,7 +126,7 @@ def main():
             if wanted and not any(part in name for part in wanted):
                 continue
             log_root = os.path.join(scratch, f"mode{index}")
-            rows.append(run_mode(name, prefix, extra, common, log_root))
+            rows.append(run_mode(name, prefix, extra, shared_flags, log_root))
             print(f"   done: {name}", file=sys.stderr, flush=True)
     print(
         f"{'mode':38} {'images/sec':>10} {'test acc':>9} {'best':>6} "
