@@ -176,7 +176,9 @@ def resolved_dtype(contender):
     """
     if contender.dtype != "auto":
         return contender.dtype
-    from tf_resnet import runtime  # Imports TensorFlow: only when needed.
+    # Imports TensorFlow: only when needed, and quietly, as the runs do.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tf_resnet import runtime
 
     return runtime.resolve_dtype("auto")
 
