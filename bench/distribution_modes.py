@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import CIFAR_DIR, ROOT  # noqa: E402
+from common import CIFAR_DIR, ROOT, cpu_model  # noqa: E402
 
 PYTHON = sys.executable
 
@@ -116,7 +116,8 @@ def main():
     ]
     print(
         f"== {args.model}, {args.epochs} epochs, global batch "
-        f"{args.batch_size}, data {args.data_dir}, {os.cpu_count()} cores, "
+        f"{args.batch_size}, data {args.data_dir}; {cpu_model()}, "
+        f"{os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.2f} at start"
     )
     rows = []

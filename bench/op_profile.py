@@ -202,7 +202,7 @@ def main():
     common.print_table(
         f"{args.model}, {args.dtype}, batch {args.batch}, {args.threads} "
         f"threads, {args.steps} profiled steps, median of {args.processes} "
-        f"processes each; load "
+        f"processes each; {common.cpu_model()}, load "
         f"{common.load_average():.2f} at end",
         ["ms per step", "ours (TF, 1 inter-op)", "PyTorch", "ours - PyTorch"],
         rows,
