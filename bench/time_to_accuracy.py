@@ -90,13 +90,14 @@ def recipe_knobs(name):
     return {key: values[key] for key in KNOBS}
 
 
-# Knobs of ours that the PyTorch twin does not implement, at the values
-# that leave them off.
+# The precisions each framework takes, its default first (`dtype=`).
 DTYPES = {
     "ours": ("auto", "float32", "mixed_bfloat16"),
     "torch": ("float32", "mixed_bfloat16"),
 }
 
+# Knobs of ours that the PyTorch twin does not implement, at the values
+# that leave them off.
 TORCH_LACKS = {
     "mixup_alpha": 0.0,
     "cutmix_alpha": 0.0,
