@@ -125,8 +125,10 @@ def cpu_model():
     name = fields.get("model name") or platform.processor() or "unknown CPU"
     if "cpu family" not in fields:
         return name
-    flags = set(fields.get("flags", "").split())
-    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f in flags]
+    # The flags `--dtype=auto` decides by, read the way it reads them.
+    from tf_resnet import runtime  # Imports TensorFlow: only when needed.
+
+    bf16 = runtime.cpu_bf16_flags()
     return (
         f"{name} (family {fields['cpu family']}, model "
         f"{fields.get('model', '?')}; {', '.join(bf16) or 'no bf16'})"

@@ -50,6 +50,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# This process imports TensorFlow only to name the CPU and resolve
+# `--dtype=auto`; its start-up log would bury the table, as in the runs.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import common  # noqa: E402
 
@@ -177,9 +180,7 @@ def resolved_dtype(contender):
     """
     if contender.dtype != "auto":
         return contender.dtype
-    # Imports TensorFlow: only when needed, and quietly, as the runs do.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tf_resnet import runtime
+    from tf_resnet import runtime  # Imports TensorFlow: only when needed.
 
     return runtime.resolve_dtype("auto")
 
