@@ -28,11 +28,16 @@ from the process launch to the moment each epoch's result appears (ours: a
 new row in `log_root/eval.csv`, polled; torch: the epoch's JSON line), so
 start-up, per-epoch evaluation and checkpointing count as a user sees them.
 images/sec is the training throughput between the first and the last
-evaluation, evaluation included.
+evaluation, evaluation included; "s to 1st eval" the start-up plus the
+first epoch and its evaluation, where tracing and warm-up fall. A time to a
+target is about the first of these plus the epochs after the first at the
+images/sec rate, so the two columns say whether a gap in time is start-up
+or speed.
 
 Output: per contender the median over seeds of the final and best test
 accuracy, of the epochs and the seconds to reach each target accuracy (with
-the share of seeds that did), images/sec and total seconds, as a Markdown
+the share of seeds that did), the seconds to the first evaluation,
+images/sec and total seconds, as a Markdown
 table naming the CPU; the raw curves as JSON in `--work_dir`; and a plot of
 accuracy against wall seconds, one line per contender (medians over seeds).
 """
@@ -351,6 +356,9 @@ def summarize(runs, targets):
         "seeds": len(runs),
         "final": common.Stats(finals),
         "best": common.Stats(bests),
+        "first_eval_seconds": statistics.median(
+            run["points"][0]["seconds"] for run in runs
+        ),
         "images_per_sec": statistics.median(_rate(run) for run in runs),
         "total_seconds": statistics.median(run["seconds"] for run in runs),
         "to_target": {},
@@ -391,12 +399,12 @@ def _median_or_none(values):
     return None if math.isinf(value) else value
 
 
-def print_table(results, targets, suite_name, epochs, saved=False):
-    """The Markdown table; `saved`: the runs were loaded, not run now."""
+def print_table(results, targets, suite_name, epochs, cpu, saved=False):
+    """The Markdown table of runs on `cpu`; `saved`: loaded, not run now."""
     header = ["contender", "precision", "final acc %", "best acc %"]
     for target in targets:
         header += [f"epochs to {100 * target:g}%", f"s to {100 * target:g}%"]
-    header += ["images/sec", "total s"]
+    header += ["s to 1st eval", "images/sec", "total s"]
     rows = []
     for name, runs in results.items():
         summary = summarize(runs, targets)
@@ -417,6 +425,7 @@ def print_table(results, targets, suite_name, epochs, saved=False):
                 _maybe(entry["seconds"], 0) + share,
             ]
         row += [
+            f"{summary['first_eval_seconds']:.1f}",
             f"{summary['images_per_sec']:.0f}",
             f"{summary['total_seconds']:.0f}",
         ]
@@ -431,7 +440,7 @@ def print_table(results, targets, suite_name, epochs, saved=False):
     title = (
         f"{suite_name}, {SUITES[suite_name]['model']}, {epochs} epochs, "
         f"batch {BATCH}, medians over {seeds} seed(s) (min-max); "
-        f"{common.cpu_model()}, {os.cpu_count()} cores, {when}"
+        f"{cpu}, {when}"
     )
     common.print_table(title, header, rows)
 
@@ -490,7 +499,11 @@ def parse_args():
     parser.add_argument("--first_seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--targets", help="Accuracies, e.g. 0.6,0.7,0.75.")
-    parser.add_argument("--plot", help="PNG path (default: the suite's).")
+    parser.add_argument(
+        "--plot",
+        help="PNG path (default: the suite's figure in bench/; with "
+        "--results, no plot unless given).",
+    )
     parser.add_argument(
         "--work_dir", help="Logs, log_roots and results.json (default: tmp)."
     )
@@ -500,8 +513,8 @@ def parse_args():
     parser.add_argument(
         "--results",
         help="Comma-separated results.json files of earlier invocations "
-        "(same suite and epochs): print their joint table and plot, run "
-        "nothing.",
+        "(same suite and epochs): print their joint table (and plot, "
+        "with --plot), run nothing.",
     )
     args = parser.parse_args()
     suite = SUITES[args.suite]
@@ -512,7 +525,6 @@ def parse_args():
     args.targets = [
         float(t) for t in (args.targets or suite["targets"]).split(",")
     ]
-    args.plot = args.plot or suite["plot"]
     return args
 
 
@@ -549,8 +561,11 @@ def main():
             print(f"-- {contender.name} seed {seed}: {' '.join(command)}")
         return
     if args.results:
-        report(args, suite, _load_results(args.results.split(",")))
+        # The suite's figure stays the one of the run it documents.
+        report(args, suite, *_load_results(args.results.split(",")))
         return
+    args.plot = args.plot or suite["plot"]
+    cpu = f"{common.cpu_model()}, {os.cpu_count()} cores"
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="time_to_accuracy_")
     os.makedirs(work_dir, exist_ok=True)
     planned = plan_runs(args, work_dir)
@@ -577,42 +592,50 @@ def main():
                 "seconds": seconds,
             }
         )
-        save_results(work_dir, args, results)
-    report(args, suite, results)
+        save_results(work_dir, args, results, cpu)
+    report(args, suite, results, cpu)
     print(f"raw curves: {work_dir}/results.json")
 
 
-def report(args, suite, results):
-    """The Markdown table and the plot of `results`."""
+def report(args, suite, results, cpu):
+    """The Markdown table of `results` (run on `cpu`), and the plot."""
     saved = bool(args.results)  # Loaded from results.json, not run now.
-    print_table(results, args.targets, args.suite, args.epochs, saved)
-    plot(
-        results,
-        args.plot,
-        f"{args.suite} {suite['model']}, {args.epochs} epochs, "
-        f"{common.cpu_model()}",
-    )
-    print(f"\nplot: {args.plot}")
+    print_table(results, args.targets, args.suite, args.epochs, cpu, saved)
+    if args.plot:
+        plot(
+            results,
+            args.plot,
+            f"{args.suite} {suite['model']}, {args.epochs} epochs, {cpu}",
+        )
+        print(f"\nplot: {args.plot}")
 
 
 def _load_results(paths):
-    """The runs of several results.json files, joined by contender."""
-    joined = {}
+    """The runs of several results.json files, joined by contender.
+
+    Returns:
+      `(runs by contender, the CPUs they ran on as one string)`.
+    """
+    joined, cpus = {}, []
     for path in paths:
         with open(path) as stream:
-            for name, runs in json.load(stream)["results"].items():
-                joined.setdefault(name, []).extend(runs)
-    return joined
+            document = json.load(stream)
+        cpu = document.get("cpu", "CPU not recorded")
+        if cpu not in cpus:
+            cpus.append(cpu)
+        for name, runs in document["results"].items():
+            joined.setdefault(name, []).extend(runs)
+    return joined, " + ".join(cpus)
 
 
-def save_results(work_dir, args, results):
+def save_results(work_dir, args, results, cpu):
     """The curves so far, rewritten after every run."""
     with open(os.path.join(work_dir, "results.json"), "w") as stream:
         json.dump(
             {
                 "suite": args.suite,
                 "epochs": args.epochs,
-                "cpu": common.cpu_model(),
+                "cpu": cpu,
                 "knobs": {c.name: c.knobs for c in args.contenders},
                 "results": results,
             },

@@ -21,7 +21,9 @@ models' fused one; ours/fit only), `threads`, `inter`
 (TF inter-op threads), `onednn` (0/1: TF_ENABLE_ONEDNN_OPTS), `layout`
 (torch: `channels_last` or `nchw`), `data` (`cifar10` or `tinyimagenet`:
 image size and classes), `input` (`fixed` batch or `real`: ours fed by the
-training input pipeline), `wd` (weight decay, default 1e-4), `preload`
+training input pipeline), `wd` (weight decay, default 1e-4), `ema` (the
+decay of a moving average of the weights updated after every step, as
+`--ema_decay`; default 0: none), `preload`
 (a shared library for LD_PRELOAD, e.g. another malloc). Unset keys
 take the command-line values. `subsample=slice`: option-A shortcuts
 subsample by slicing (as before) instead of a 1x1 average pool.
@@ -50,6 +52,7 @@ KEYS = (
     "data",
     "input",
     "wd",
+    "ema",
     "subsample",
     "preload",
 )
@@ -131,6 +134,7 @@ def setup_ours(spec):
     from tf_resnet import train_loop
     from tf_resnet.config import make_config
     from tf_resnet.distribute import tf_strategy
+    from tf_resnet.ema import ExponentialMovingAverage
 
     _setup_tf(spec)
     data = common.DATA[spec["data"]]
@@ -149,7 +153,12 @@ def setup_ours(spec):
     optimizer = train_loop.build_optimizer(
         config, mode, model, total_steps=100_000
     )
-    replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config)
+    ema = None
+    if float(spec["ema"]):
+        ema = ExponentialMovingAverage(
+            model, float(spec["ema"]), scope=mode.scope()
+        )
+    replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config, ema)
     train_step = mode.make_train_step(replica_fn)
     if spec["input"] == "real":
         iterator = mode.distribute_dataset(
@@ -250,6 +259,8 @@ def setup_torch(spec):
     train_step = torch_resnet.make_train_step(
         model, bfloat16=spec["dtype"] == "mixed_bfloat16"
     )
+    if float(spec["ema"]):
+        train_step = _with_torch_ema(train_step, model, float(spec["ema"]))
     steps = int(spec["steps"])
 
     def run_block():
@@ -260,6 +271,20 @@ def setup_torch(spec):
 
     _warm_up(run_block)
     return run_block, {"parameters": torch_resnet.count_parameters(model)}
+
+
+def _with_torch_ema(train_step, model, decay):
+    """The step followed by the twin's EMA update (`torch_train`'s)."""
+    import torch_train
+
+    ema = torch_train.ExponentialMovingAverage(model, decay)
+
+    def step_with_ema(images, labels):
+        loss = train_step(images, labels)
+        ema.update()
+        return loss
+
+    return step_with_ema
 
 
 def _warm_up(run_block):
@@ -333,6 +358,7 @@ def main():
         "steps": args.steps,
         "data": "cifar10",
         "input": "fixed",
+        "ema": 0,
     }
     labels = args.contenders.split(",")
     for model_name in args.models.split(","):
