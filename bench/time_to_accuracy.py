@@ -605,7 +605,7 @@ def report(args, suite, results, cpu):
         plot(
             results,
             args.plot,
-            f"{args.suite} {suite['model']}, {args.epochs} epochs, {cpu}",
+            f"{args.suite} {suite['model']}, {args.epochs} epochs\n{cpu}",
         )
         print(f"\nplot: {args.plot}")
 
