@@ -134,7 +134,6 @@ def setup_ours(spec):
     from tf_resnet import train_loop
     from tf_resnet.config import make_config
     from tf_resnet.distribute import tf_strategy
-    from tf_resnet.ema import ExponentialMovingAverage
 
     _setup_tf(spec)
     data = common.DATA[spec["data"]]
@@ -145,6 +144,7 @@ def setup_ours(spec):
         batch_size=int(spec["batch"]),
         xla=bool(int(spec["xla"])),
         weight_decay=float(spec.get("wd", 1e-4)),
+        ema_decay=float(spec["ema"]),
     )
     mode = tf_strategy.default_mode(config.optim.batch_size)
     model = train_loop.build_model(
@@ -153,11 +153,7 @@ def setup_ours(spec):
     optimizer = train_loop.build_optimizer(
         config, mode, model, total_steps=100_000
     )
-    ema = None
-    if float(spec["ema"]):
-        ema = ExponentialMovingAverage(
-            model, float(spec["ema"]), scope=mode.scope()
-        )
+    ema = train_loop.make_ema(config, mode, model)  # None without ema=.
     replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config, ema)
     train_step = mode.make_train_step(replica_fn)
     if spec["input"] == "real":
