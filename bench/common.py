@@ -34,7 +34,12 @@ SAMPLES_DIR = os.environ.get(
     "BENCH_DATA_DIR", os.path.join(os.path.dirname(ROOT), "shared", "data")
 )
 CIFAR_DIR = os.path.join(SAMPLES_DIR, "cifar-10-batches-bin")
-TINYIMAGENET_DIR = os.path.join(SAMPLES_DIR, "tiny-imagenet-200-10class")
+# $BENCH_TINYIMAGENET_DIR: another folder of that layout, e.g. the 200-class
+# one that data/make_synthetic_tinyimagenet.py writes.
+TINYIMAGENET_DIR = os.environ.get(
+    "BENCH_TINYIMAGENET_DIR",
+    os.path.join(SAMPLES_DIR, "tiny-imagenet-200-10class"),
+)
 
 # The real data samples the benchmarks read (never copied into the repo);
 # their facts come from `tf_resnet.data`: the table and the opened split.
@@ -73,14 +78,47 @@ def num_classes(data_name):
     return training_split(data_name).num_classes
 
 
-def build_training_dataset(data_name, batch_size, num_shards=1, index=0):
+def build_training_dataset(
+    data_name, batch_size, num_shards=1, index=0, normalization="per_image"
+):
     """The training input pipeline exactly as `train_loop.train` builds it."""
     from tf_resnet import data
 
     return training_split(data_name).dataset(
         batch_size,
-        data.InputOptions(seed=0, num_shards=num_shards, shard_index=index),
+        data.InputOptions(
+            seed=0,
+            num_shards=num_shards,
+            shard_index=index,
+            normalization=normalization,
+        ),
     )
+
+
+def peak_rss_mb():
+    """Peak resident memory of this process and its live children, MB.
+
+    The sum of each one's high-water mark (`VmHWM`), so input pipelines
+    that decode in worker processes (PyTorch's DataLoader) are counted
+    whole; shared pages count once per process.
+    """
+    pids = [os.getpid()]
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as stream:
+                pids.extend(int(pid) for pid in stream.read().split())
+    except OSError:
+        pass
+    total_kb = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/status") as stream:
+                for line in stream:
+                    if line.startswith("VmHWM:"):
+                        total_kb += int(line.split()[1])
+        except OSError:
+            pass  # A child that has just exited.
+    return total_kb / 1024
 
 
 def load_average():
@@ -209,11 +247,11 @@ class Worker:
     (or `(images, seconds)` when it times itself).
     """
 
-    def __init__(self, name, script, spec, env=None):
+    def __init__(self, name, script, spec, env=None, python=None):
         self.name = name
         self.spec = spec
         self.process = subprocess.Popen(
-            [sys.executable, script, "--worker", json.dumps(spec)],
+            [python or sys.executable, script, "--worker", json.dumps(spec)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -238,6 +276,12 @@ class Worker:
         result = self._receive()
         return result["seconds"], result["images"]
 
+    def stats(self):
+        """What the worker's `stats_fn` reports now (e.g. peak memory)."""
+        self.process.stdin.write("stats\n")
+        self.process.stdin.flush()
+        return self._receive()
+
     def close(self):
         if self.process.poll() is None:
             self.process.stdin.close()
@@ -247,8 +291,10 @@ class Worker:
 def serve(setup):
     """Worker side of `Worker`: set up, report the warm-up, time blocks.
 
-    The protocol uses a private copy of stdout; fd 1 is pointed at stderr so
-    that library output cannot corrupt it.
+    `setup()` returns `(run_block, info)`; "stats" commands are answered
+    with `{"peak_rss_mb": ...}`. The protocol uses a private copy of
+    stdout; fd 1 is pointed at stderr so that library output cannot
+    corrupt it.
     """
     channel = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
@@ -257,6 +303,9 @@ def serve(setup):
     info["warmup_s"] = time.perf_counter() - start
     _send(channel, info)
     for command in sys.stdin:
+        if command.strip() == "stats":
+            _send(channel, {"peak_rss_mb": peak_rss_mb()})
+            continue
         if command.strip() != "run":
             break
         start = time.perf_counter()

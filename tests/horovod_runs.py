@@ -170,7 +170,15 @@ def equivalence_data():
     return paths
 
 
-def equivalence_flags(learning_rate, batch_size=GLOBAL_BATCH, train="train"):
+def equivalence_flags(
+    learning_rate, batch_size=GLOBAL_BATCH, train="train", shuffle=True
+):
+    """Flags of one equivalence run.
+
+    Shuffled, N ranks or workers read strides of one permutation per epoch,
+    so a step's examples are one process's global batch; `shuffle=False`
+    reads the files in order, so rank `r` of 2 reads file `shard<r>`.
+    """
     paths = equivalence_data()
     return [
         f"--train_data_path={paths[train]}",
@@ -181,7 +189,7 @@ def equivalence_flags(learning_rate, batch_size=GLOBAL_BATCH, train="train"):
         f"--learning_rate={learning_rate}",
         "--momentum=0.9",
         "--weight_decay=0.001",
-        "--shuffle_buffer=1",
+        *([] if shuffle else ["--noshuffle"]),
         "--eval_every_steps=1000",
         "--checkpoint_every_steps=1000",
         "--seed=3",

@@ -73,11 +73,11 @@ def test_averaging_every_step_equals_synchronous_sgd(launcher):
 def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
     """N = all 6 steps: each rank trains alone on its shard, then the two
     models are averaged; compare with two single-process runs, one per shard
-    file, at the per-rank batch of 8."""
+    file, at the per-rank batch of 8 (all read in file order)."""
     averaged, *alone = horovod_runs.run_workers(
         (
             [
-                *horovod_runs.equivalence_flags(0.4),
+                *horovod_runs.equivalence_flags(0.4, shuffle=False),
                 "--distribution=averaging",
                 f"--average_every={horovod_runs.STEPS}",
             ],
@@ -87,7 +87,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
         *[
             (
                 horovod_runs.equivalence_flags(
-                    0.4, batch_size=8, train=f"shard{shard}"
+                    0.4, batch_size=8, train=f"shard{shard}", shuffle=False
                 ),
                 None,
             )

@@ -30,7 +30,7 @@ def test_dropping_the_training_iterator_never_waits(synthetic_cifar):
         split = data.open_split(
             "cifar10", synthetic_cifar["train"], training=True
         )
-        dataset = split.dataset(32, data.InputOptions(shuffle_buffer=1000))
+        dataset = split.dataset(32)
         iterator = iter(dataset)
         stop = time.monotonic() + 2.8
         while time.monotonic() < stop:

@@ -69,8 +69,9 @@ def resnet8_flags(synthetic_cifar, log_root, *extra):
 
 
 def test_two_workers_train_exactly_like_one_process(tmp_path):
-    # horovod_runs' equivalence setup: data read in order, a model that no
-    # crop or flip changes, so both runs see the same examples each step.
+    # horovod_runs' equivalence setup: the workers read strides of the one
+    # process's permutation, and no crop or flip changes the model, so both
+    # runs see the same examples each step.
     flags = horovod_runs.equivalence_flags(0.4)
     cluster = launch(
         tmp_path / "mw", [*flags, f"--log_root={tmp_path / 'mw' / 'log'}"]
@@ -111,7 +112,6 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
         "--train_steps=12",
         "--steps_per_run=6",
         "--log_every_steps=3",
-        "--shuffle_buffer=100",
         "--dtype=float32",
         "--ema_decay=0.9",
     )

@@ -35,7 +35,7 @@ class Launch:
             f"--train_data_path={synthetic['train']}",
             f"--eval_data_path={synthetic['eval']}",
             f"--log_root={log_root}",
-            "--model=resnet20", "--batch_size=32", "--shuffle_buffer=500",
+            "--model=resnet20", "--batch_size=32",
             "--log_every_steps=5", *flags,
         ]  # fmt: skip
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -211,7 +211,6 @@ def test_one_worker_trains_exactly_like_the_default_mode(
             f"--log_root={tmp_path / 'local'}",
             "--model=resnet20",
             "--batch_size=32",
-            "--shuffle_buffer=500",
             "--log_every_steps=5",
             *flags,
         ]  # fmt: skip

@@ -276,7 +276,6 @@ def train_config(tmp_path, **overrides):
         log_root=str(tmp_path / "run"),
         batch_size=8,
         log_every_steps=2,
-        shuffle_buffer=32,
     )
     values.update(overrides)
     return make_config(**values)

@@ -136,6 +136,31 @@ def test_train_split_counts_and_resumes(prepared):
     np.testing.assert_array_equal(resumed[0][1], fresh[2][1])
 
 
+def test_every_training_epoch_is_a_permutation_of_the_split(prepared):
+    dataset, data_dir, raw = prepared
+    split = data.open_split(dataset, data_dir, training=True, source="tfds")
+    count = split.num_examples
+    facts = data.DATASETS[dataset]
+    mean, std = 255.0 * np.array(facts.mean), 255.0 * np.array(facts.std)
+    raw_images, raw_labels = raw["train"]
+    index_of = {image.tobytes(): i for i, image in enumerate(raw_images)}
+    index_of.update(
+        {image[:, ::-1].tobytes(): i for i, image in enumerate(raw_images)}
+    )
+    # One batch an epoch; no padding, so a crop is the image or its flip.
+    pipeline = split.dataset(
+        count, data.InputOptions(seed=1, pad=0, normalization="dataset")
+    )
+    epochs = []
+    for images, labels in pipeline.take(2):
+        pixels = np.rint(images.numpy() * std + mean).astype(np.uint8)
+        found = [index_of[image.tobytes()] for image in pixels]
+        assert sorted(found) == list(range(count))
+        np.testing.assert_array_equal(labels, raw_labels[found])
+        epochs.append(found)
+    assert epochs[0] != epochs[1]
+
+
 def test_not_prepared_is_a_data_error_and_never_downloads(tmp_path):
     empty = str(tmp_path / "empty")
     with mock.patch.object(

@@ -120,9 +120,7 @@ def test_training_batches_resume_like_an_uninterrupted_run(tiny):
     def batches(start_step, count):
         dataset = data.open_split("tinyimagenet", root, training=True).dataset(
             4,
-            data.InputOptions(
-                seed=3, start_step=start_step, shuffle_buffer=100
-            ),
+            data.InputOptions(seed=3, start_step=start_step),
         )
         return [(i.numpy(), lbl.numpy()) for i, lbl in dataset.take(count)]
 
@@ -251,7 +249,6 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path, monkeypatch):
         batch_size=8,
         train_steps=2,
         log_every_steps=1,
-        shuffle_buffer=100,
     )
     result = train_loop.train(
         config, tf_strategy.default_mode(config.optim.batch_size)

@@ -25,7 +25,6 @@ def config(synthetic, log_root, **overrides):
         train_steps=40,
         log_every_steps=5,
         eval_every_steps=20,
-        shuffle_buffer=1000,
     )
     values.update(overrides)
     return make_config(**values)
@@ -60,8 +59,17 @@ def eval_rows(log_root):
 
 @pytest.fixture(scope="module")
 def trained(synthetic_cifar, tmp_path_factory):
+    # 80 steps: the paper's schedule decays at 50% and 75% of the run, and
+    # 20 steps at the full rate left single-batch losses within their noise
+    # of the first (4 seeds of 40 steps: 2 of them learned 20%).
     log_root = tmp_path_factory.mktemp("trained")
-    cfg = config(synthetic_cifar, log_root)
+    cfg = config(
+        synthetic_cifar,
+        log_root,
+        train_steps=80,
+        log_every_steps=10,
+        eval_every_steps=40,
+    )
     result = train_loop.train(
         cfg, tf_strategy.default_mode(cfg.optim.batch_size)
     )
@@ -70,15 +78,15 @@ def trained(synthetic_cifar, tmp_path_factory):
 
 def test_training_learns_and_writes_tensorboard_events(trained):
     cfg, result = trained
-    assert result["step"] == 40
+    assert result["step"] == 80
     losses = scalars(cfg.run.train_dir, "loss")
-    assert [step for step, _ in losses] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert [step for step, _ in losses] == [10, 20, 30, 40, 50, 60, 70, 80]
     assert np.mean([v for _, v in losses[-2:]]) < 0.8 * losses[0][1]
     for tag in ("accuracy", "learning_rate", "images_per_sec"):
         assert len(scalars(cfg.run.train_dir, tag)) == 8
     precision = scalars(cfg.run.eval_dir, "Precision")
     best = scalars(cfg.run.eval_dir, "Best Precision")
-    assert [step for step, _ in precision] == [20, 40]
+    assert [step for step, _ in precision] == [40, 80]
     assert best[-1][1] == pytest.approx(max(v for _, v in precision))
     assert precision[-1][1] == pytest.approx(result["precision"])
     assert result["precision"] > 0.2  # 10 classes: chance is 0.1.
@@ -88,10 +96,10 @@ def test_eval_csv_and_learning_curve(trained):
     cfg, result = trained
     with open(os.path.join(cfg.run.log_root, "eval.csv"), newline="") as stream:
         rows = list(csv.DictReader(stream))
-    assert [int(r["step"]) for r in rows] == [20, 40]
+    assert [int(r["step"]) for r in rows] == [40, 80]
     assert float(rows[-1]["precision"]) == pytest.approx(result["precision"])
     # 1000 training examples / batch 32 = 31 steps per epoch.
-    assert float(rows[0]["epoch"]) == pytest.approx(20 / 31, abs=1e-3)
+    assert float(rows[0]["epoch"]) == pytest.approx(40 / 31, abs=1e-3)
     with open(os.path.join(cfg.run.log_root, "learning_curve.png"), "rb") as s:
         assert s.read(8) == b"\x89PNG\r\n\x1a\n"
 
@@ -149,8 +157,8 @@ def test_eval_mode_evaluates_latest_checkpoint_once(trained, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     precision = scalars(str(eval_dir), "Precision")
-    assert precision == [(40, pytest.approx(result["precision"], abs=1e-6))]
-    assert scalars(str(eval_dir), "Best Precision")[0][0] == 40
+    assert precision == [(80, pytest.approx(result["precision"], abs=1e-6))]
+    assert scalars(str(eval_dir), "Best Precision")[0][0] == 80
 
 
 def test_mirrored_two_devices_equals_one_device(synthetic_cifar, tmp_path):

@@ -58,7 +58,7 @@ class DataConfig:
     eval_data_path: str = ""
     tfds_data_dir: str = ""
     image_size: int | None = None
-    shuffle_buffer: int = 10_000
+    shuffle: bool = True
     normalization: str = "per_image"
 
     def split_path(self, training):
@@ -432,6 +432,12 @@ def _read_saved(log_root):
         raise UserInputError(f"{path}: unreadable ({error})") from None
 
 
+# Fields that earlier versions saved and that no longer exist: a run saved
+# with them resumes without them (`shuffle_buffer` gave way to a permutation
+# of the whole split every epoch).
+RETIRED_FIELDS = frozenset({"shuffle_buffer"})
+
+
 def load_saved(log_root):
     """The flat fields of `log_root/config.json`, `None` if there is none."""
     path, document = _read_saved(log_root)
@@ -441,7 +447,10 @@ def load_saved(log_root):
         saved = document["config"]
         return flatten(
             Config(
-                **{group: GROUPS[group](**saved[group]) for group in GROUPS},
+                **{
+                    group: GROUPS[group](**_current(saved[group]))
+                    for group in GROUPS
+                },
                 **{name: saved[name] for name in TOP_LEVEL if name in saved},
             )
         )
@@ -450,6 +459,10 @@ def load_saved(log_root):
             f"{path}: not a readable tf-resnet run configuration ({error}); "
             "move it away to start the run's configuration afresh"
         ) from None
+
+
+def _current(fields):
+    return {k: v for k, v in fields.items() if k not in RETIRED_FIELDS}
 
 
 def read_plan(log_root):

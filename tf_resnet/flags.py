@@ -52,7 +52,12 @@ def define_data_flags():
         "Side of the model input; images are resized "
         "when it differs from the dataset's (e.g. 224 for ImageNet weights).",
     )
-    flags.DEFINE_integer("shuffle_buffer", 10_000, "Training shuffle buffer.")
+    flags.DEFINE_bool(
+        "shuffle",
+        True,
+        "Each training epoch a new permutation of the whole training split; "
+        "--noshuffle reads it in file order (for checks).",
+    )
 
 
 def define_run_flags():

@@ -127,12 +127,12 @@ def input_options(config, **options):
     """`InputOptions` of a run's `config.Config`, plus per-pipeline `options`.
 
     One place turns the config's input settings (normalisation, size,
-    shuffle, the recipe's cutout and batch mixing) into pipeline options,
+    training order, the recipe's cutout and batch mixing) into pipeline options,
     for training and evaluation alike.
     """
     optim = config.optim
     return InputOptions(
-        shuffle_buffer=config.data.shuffle_buffer,
+        shuffle=config.data.shuffle,
         image_size=config.data.image_size,
         normalization=config.data.normalization,
         cutout_size=optim.cutout_size,

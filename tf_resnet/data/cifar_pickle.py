@@ -159,7 +159,6 @@ class PickleSplit(Split):
     """CIFAR python pickles, loaded into memory when opened."""
 
     source = "pickle"
-    cache_by_default = False  # Already in memory.
 
     def __init__(self, dataset_name, path, training, *, files=None):
         files = files or list_files(path)
@@ -174,7 +173,7 @@ class PickleSplit(Split):
             ),
         )
 
-    def elements(self):
-        return tf.data.Dataset.from_tensor_slices(
+    def table(self):
+        return tf.data.Dataset.from_tensors(
             {"image": self.images, "label": self.labels}
         )

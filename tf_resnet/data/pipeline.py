@@ -1,16 +1,25 @@
 """The tf.data pipeline shared by every data source.
 
-A `Split` hands over a dataset of *elements* in file order (raw CIFAR
-records, or image paths with labels) plus two functions: `element_fn`
+A `Split` hands over its *table*: a dataset of one element, the whole split
+as tensors indexed by example in file order (raw CIFAR records, image
+arrays, or image paths with labels), plus two functions: `element_fn`
 decodes one element before batching (JPEG decoding), `batch_fn` turns a
 batch into `(images float32 [B, H, W, 3], labels int32 [B])`. This module
 adds the parts that must be the same for every source:
 
-* sharding (one shard per Horovod rank or tf.distribute input pipeline);
-* a seeded shuffle and stateless, per-batch-seeded augmentation, so the
-  stream of training batches is a pure function of `(seed, step)`. A run
-  resumed at step `s` skips `s` batches of *undecoded* elements and then sees
-  exactly the batches an uninterrupted run would have seen;
+* the order: every training epoch is a seeded permutation of the WHOLE
+  split (`training_order`), whatever its size, so batches never come in
+  the order the files were listed (class by class for image folders). Only
+  indices are permuted; examples are gathered from the table by index;
+* sharding: every input pipeline (Horovod rank, worker, tf.distribute input
+  pipeline) computes the same permutation and takes every `num_shards`-th
+  position of it, as PyTorch's `DistributedSampler` does: between them the
+  shards read each example once per epoch, and the examples of step `s`
+  over all shards are those of one pipeline's global batch `s`;
+* stateless, per-batch-seeded augmentation, so the stream of training
+  batches is a pure function of `(seed, step)`. A run resumed at step `s`
+  starts the order at its position and sees exactly the batches an
+  uninterrupted run would have seen;
 * parallel decoding and prefetching with AUTOTUNE, without tf.data's
   autotuning thread (`pipeline_options`).
 """
@@ -18,54 +27,67 @@ adds the parts that must be the same for every source:
 import tensorflow as tf
 
 AUTOTUNE = tf.data.AUTOTUNE
+# Stream of a `tf.random.experimental.stateless_fold_in` seed per purpose.
+_ORDER_STREAM = 1
+# Far beyond any run; `Dataset.range` needs an end.
+_MAX_EPOCHS = 2**40
 
 
 def make_pipeline(
-    elements,
+    table,
+    num_examples,
     batch_fn,
     *,
     training,
     batch_size,
     options,
     element_fn=None,
-    cache=False,
 ):
-    """Builds the input pipeline around a source's elements.
+    """Builds the input pipeline around a source's table.
 
     Args:
-      elements: `tf.data.Dataset` of undecoded elements, in file order.
+      table: `tf.data.Dataset` of one element: a dict of tensors whose first
+        dimension indexes the `num_examples` examples in file order.
+      num_examples: examples in the table.
       batch_fn: `fn(batch, seed) -> (images, labels)`, applied per batch;
         `seed` is a stateless-RNG seed `[2]` unique to the batch (training)
         or `None` (evaluation).
-      training: shuffle, repeat forever and augment; otherwise every element
-        exactly once, in order, with a final partial batch.
+      training: shuffled order, forever, augmented; otherwise every
+        example of this shard exactly once, in file order, with a final
+        partial batch.
       batch_size: examples per batch of this pipeline (per replica/rank).
-      options: `InputOptions`; this function uses `seed`, `start_step`,
-        `num_shards`, `shard_index` and `shuffle_buffer`.
+      options: `InputOptions`; this function uses `seed`, `shuffle`,
+        `start_step`, `num_shards` and `shard_index`.
       element_fn: optional per-element decoder applied before batching.
-      cache: keep the undecoded elements in memory after the first epoch.
 
     Returns:
       A `tf.data.Dataset` of `(images, labels)` batches.
     """
-    ds = elements
-    if options.num_shards > 1:
-        ds = ds.shard(options.num_shards, options.shard_index)
-    if cache:
-        ds = ds.cache()
     if training:
-        ds = ds.shuffle(
-            options.shuffle_buffer,
-            seed=options.seed,
-            reshuffle_each_iteration=True,
+        order = training_order(num_examples, batch_size, options)
+    else:
+        order = tf.data.Dataset.range(
+            options.shard_index, num_examples, options.num_shards
         )
-        ds = ds.repeat()
-        if options.start_step:
-            ds = ds.skip(options.start_step * batch_size)
+    if element_fn is None:  # Gather whole batches: one op per batch.
+        order = order.batch(batch_size, drop_remainder=training)
+
+    def gather(columns):
+        return order.map(
+            _no_autograph(
+                lambda index: {
+                    key: tf.gather(column, index)
+                    for key, column in columns.items()
+                }
+            ),
+            num_parallel_calls=AUTOTUNE,
+        )
+
+    ds = table.flat_map(_no_autograph(gather))
     ds = ds.with_options(pipeline_options())
     if element_fn is not None:
         ds = ds.map(_no_autograph(element_fn), num_parallel_calls=AUTOTUNE)
-    ds = ds.batch(batch_size, drop_remainder=training)
+        ds = ds.batch(batch_size, drop_remainder=training)
     if training:
         base_seed = tf.constant([options.seed, options.shard_index], tf.int64)
         ds = ds.enumerate(start=options.start_step).map(
@@ -81,6 +103,52 @@ def make_pipeline(
             _no_autograph(lambda batch: batch_fn(batch, None)), AUTOTUNE
         )
     return ds.prefetch(AUTOTUNE)
+
+
+def training_order(num_examples, batch_size, options):
+    """The example indices one training pipeline reads, forever.
+
+    Epoch `e` of the whole split is `stateless_shuffle(range(n))` seeded by
+    `(options.seed, e)` (file order with `shuffle=False`); the epochs
+    follow each other without a gap, and this pipeline takes positions
+    `shard_index, shard_index + num_shards, ...` of that stream. A pipeline
+    resumed at `start_step` starts at global position `start_step *
+    batch_size * num_shards` by slicing that epoch's permutation: nothing
+    is read and skipped.
+
+    Args:
+      num_examples: examples in the split.
+      batch_size: examples per batch of this pipeline.
+      options: `InputOptions` (`seed`, `shuffle`, `start_step`,
+        `num_shards`, `shard_index`).
+
+    Returns:
+      `tf.data.Dataset` of int64 indices into the split.
+    """
+    shards = options.num_shards
+    start = options.start_step * batch_size * shards
+    first_epoch, offset = divmod(start, num_examples)
+    order_seed = tf.random.experimental.stateless_fold_in(
+        tf.constant([options.seed, 0], tf.int64), _ORDER_STREAM
+    )
+
+    def epoch(index):
+        indices = tf.range(num_examples, dtype=tf.int64)
+        if options.shuffle:
+            indices = tf.random.experimental.stateless_shuffle(
+                indices,
+                tf.random.experimental.stateless_fold_in(order_seed, index),
+                alg="philox",
+            )
+        begin = tf.where(index == first_epoch, offset, 0)
+        return tf.data.Dataset.from_tensor_slices(indices[begin:])
+
+    order = tf.data.Dataset.range(first_epoch, _MAX_EPOCHS).flat_map(
+        _no_autograph(epoch)
+    )
+    if shards > 1:  # `start` is a multiple of `shards`: the phase is kept.
+        order = order.shard(shards, options.shard_index)
+    return order
 
 
 def _no_autograph(fn):

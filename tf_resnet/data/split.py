@@ -3,8 +3,11 @@
 Opening a split lists and checks its files (each reader says what it
 checks), so bad data fails before training starts, once per process. The
 split then keeps what it found and builds any number of input pipelines
-from it (one per shard, or again when a run resumes) without touching the
-file system again.
+from it (one per shard, or again when a run resumes) without listing the
+file system again. Each pipeline reads the split's *table* (its examples,
+undecoded, indexed in file order) and gathers examples from it by index,
+which is what lets every training epoch be a permutation of the whole
+split (`pipeline.training_order`).
 """
 
 import abc
@@ -22,20 +25,19 @@ class InputOptions:
     """How one input pipeline reads a split.
 
     Attributes:
-      seed: seed of the shuffle and of the augmentation.
+      seed: seed of the training order and of the augmentation.
+      shuffle: training: each epoch a new permutation of the whole split
+        (`pipeline.training_order`); `False` reads it in file order, for
+        checks that need to know which example comes when.
       start_step: training batches to skip (the step a run resumes at).
-      num_shards: input pipelines reading disjoint shards (Horovod ranks or
-        tf.distribute input pipelines).
+      num_shards: input pipelines reading disjoint shards (Horovod ranks,
+        workers or tf.distribute input pipelines).
       shard_index: which shard this pipeline reads.
-      shuffle_buffer: elements in the training shuffle buffer.
       image_size: side of the output images; `None` keeps the dataset's.
       pad: zero padding of the training crop; `None`: the dataset's.
       normalization: `per_image` standardises each image on its own (the
         original example); `dataset` subtracts the dataset's per-channel
         mean and divides by its std (`DatasetFacts.mean`/`std`).
-      cache: keep the undecoded elements in memory after the first epoch;
-        `None`: the reader's choice (records yes, JPEG paths and arrays
-        already in memory no).
       cutout_size: training: side of a square zeroed at a random place of
         each image (0: off).
       mixup_alpha: training: mixup of each batch with Beta(a, a) weights
@@ -45,14 +47,13 @@ class InputOptions:
     """
 
     seed: int = 0
+    shuffle: bool = True
     start_step: int = 0
     num_shards: int = 1
     shard_index: int = 0
-    shuffle_buffer: int = 10_000
     image_size: int | None = None
     pad: int | None = None
     normalization: str = "per_image"
-    cache: bool | None = None
     cutout_size: int = 0
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
@@ -90,7 +91,6 @@ class Split(abc.ABC):
     """
 
     source = ""
-    cache_by_default = False
     # `fn(element) -> element` run on each element before batching, for
     # readers whose elements need per-example work (JPEG decoding); the
     # others batch raw elements, as decoding whole batches is cheaper.
@@ -124,8 +124,13 @@ class Split(abc.ABC):
         )
 
     @abc.abstractmethod
-    def elements(self):
-        """`tf.data.Dataset` of the undecoded examples, in file order."""
+    def table(self):
+        """The whole split, undecoded, as one element of a `tf.data.Dataset`.
+
+        A dict of tensors whose first dimension indexes the examples in
+        file order: the pipeline gathers examples from it by index. Built
+        by tf.data when the pipeline starts, on the host that runs it.
+        """
 
     def decode_batch(self, batch):
         """A batch of elements -> `(images [B, H, W, 3], labels [B])`."""
@@ -134,10 +139,11 @@ class Split(abc.ABC):
     def dataset(self, batch_size, options=DEFAULT_OPTIONS):
         """The input pipeline of this split.
 
-        Training: shuffled, repeated forever, augmented (pad, random crop,
-        flip); evaluation: every example exactly once, in file order, with
-        a final partial batch. Both are normalised and resized to
-        `options.image_size` when it differs from the stored size.
+        Training: each epoch a permutation of the whole split, repeated
+        forever, augmented (pad, random crop, flip); evaluation: every
+        example exactly once, in file order, with a final partial batch.
+        Both are normalised and resized to `options.image_size` when it
+        differs from the stored size.
 
         Args:
           batch_size: examples per batch of this pipeline.
@@ -155,9 +161,6 @@ class Split(abc.ABC):
         if options.normalization == "dataset":  # On the 0-255 pixel scale.
             mean = tuple(255.0 * value for value in self.facts.mean)
             std = tuple(255.0 * value for value in self.facts.std)
-        cache = options.cache
-        if cache is None:
-            cache = self.cache_by_default
 
         def batch_fn(batch, seed):
             images, labels = self.decode_batch(batch)
@@ -177,11 +180,11 @@ class Split(abc.ABC):
             )
 
         return pipeline.make_pipeline(
-            self.elements(),
+            self.table(),
+            self.num_examples,
             batch_fn,
             training=self.training,
             batch_size=batch_size,
             options=options,
             element_fn=self.decode_element,
-            cache=cache,
         )

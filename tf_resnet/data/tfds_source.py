@@ -9,9 +9,9 @@ prepared is a `DataError` saying how to prepare it.
 Splits: `train` for training, `test` for evaluation. CIFAR-100's `label` is
 the fine label (TFDS names the coarse one `coarse_label`). Records are read
 one file after the other (`interleave_cycle_length=1`), so evaluation sees
-them in the order they are stored. The decoded uint8 images are cached in
-memory (150 MB for CIFAR-10) like the binary reader's records, so PNG
-decoding happens once.
+them in the order they are stored. Each pipeline decodes the split once
+into its table (150 MB of uint8 images for CIFAR-10), like the binary
+reader's records, so PNG decoding happens once.
 
 This source is never inferred: `--data_source=tfds` must be asked for.
 `tensorflow_datasets` is imported only when it is: it is slow to import
@@ -72,11 +72,11 @@ def load_split(builder, data_dir, training):
 class TfdsSplit(Split):
     """A split of a prepared TFDS dataset; its count and names come from it.
 
-    The decoded uint8 images are cached like the binary reader's records.
+    Its table is the decoded uint8 images, read whole when a pipeline
+    starts, like the binary reader's records.
     """
 
     source = "tfds"
-    cache_by_default = True
 
     def __init__(self, dataset_name, data_dir, training):
         self.builder = _builder(dataset_name, data_dir)
@@ -95,5 +95,6 @@ class TfdsSplit(Split):
             class_names=list(self.builder.info.features["label"].names),
         )
 
-    def elements(self):
-        return load_split(self.builder, self.path, self.training)
+    def table(self):
+        examples = load_split(self.builder, self.path, self.training)
+        return examples.batch(self.num_examples)

@@ -179,14 +179,14 @@ class FolderSplit(Split):
     """One split of a Tiny-ImageNet root folder, listed and checked once.
 
     Its classes are the folders of `train/` (a sample may have fewer than
-    200). The elements are paths, decoded in parallel before batching. They
-    are not cached by default: caching the decoded images would hold 1.2 GB
-    per pipeline for the 100k training images, and decoding is already far
-    faster than the training step (bench/README.md, "Input pipeline").
+    200). Its table holds paths and labels, a few MB for the 100k training
+    images; each image is read and decoded when it is drawn, in parallel
+    before batching. Decoded images are not kept: they would hold 1.2 GB
+    per pipeline, and decoding keeps ahead of the training step
+    (bench/README.md, "Input pipeline").
     """
 
     source = "folder"
-    cache_by_default = False
 
     def __init__(self, dataset_name, root, training):
         wnids = class_wnids(root)
@@ -203,9 +203,8 @@ class FolderSplit(Split):
             class_names=read_words(root, wnids),
         )
 
-    def elements(self):
-        # Dicts, not tuples: tf.data would unpack a tuple into two arguments.
-        return tf.data.Dataset.from_tensor_slices(
+    def table(self):
+        return tf.data.Dataset.from_tensors(
             {"path": self.paths, "label": tf.constant(self.labels, tf.int32)}
         )
 

@@ -232,9 +232,9 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
         read and augment the whole global batch and keep its slice: here
         each worker's pipeline reads shard `input_pipeline_id` of
         `num_input_pipelines` (one per worker) in batches of one replica,
-        so no example is read twice in a step. As with Horovod, a step
-        covers the same examples as one process's only when the data is
-        read in order (the shuffle differs per shard).
+        so no example is read twice in a step. As with Horovod, the shards
+        are strides of one permutation per epoch (`data.pipeline`), so a
+        step covers the same examples as one process's global batch.
         """
 
         def input_fn(context):
