@@ -103,6 +103,7 @@ def main():
         "threads": args.threads,
         "inter": 0,
         "xla": 0,
+        "ema": 0,
         "steps": args.steps,
     }
     specs = {

@@ -72,21 +72,19 @@ def make_pipeline(
     if element_fn is None:  # Gather whole batches: one op per batch.
         order = order.batch(batch_size, drop_remainder=training)
 
-    def gather(columns):
-        return order.map(
-            _no_autograph(
-                lambda index: {
-                    key: tf.gather(column, index)
-                    for key, column in columns.items()
-                }
-            ),
-            num_parallel_calls=AUTOTUNE,
-        )
+    def read(columns):
+        def example(index):
+            element = {
+                key: tf.gather(column, index) for key, column in columns.items()
+            }
+            return element if element_fn is None else element_fn(element)
 
-    ds = table.flat_map(_no_autograph(gather))
+        # Gathering and decoding in one parallel map: one stage less.
+        return order.map(_no_autograph(example), num_parallel_calls=AUTOTUNE)
+
+    ds = table.flat_map(_no_autograph(read))
     ds = ds.with_options(pipeline_options())
     if element_fn is not None:
-        ds = ds.map(_no_autograph(element_fn), num_parallel_calls=AUTOTUNE)
         ds = ds.batch(batch_size, drop_remainder=training)
     if training:
         base_seed = tf.constant([options.seed, options.shard_index], tf.int64)
