@@ -277,7 +277,7 @@ class Worker:
         return result["seconds"], result["images"]
 
     def stats(self):
-        """What the worker's `stats_fn` reports now (e.g. peak memory)."""
+        """The worker's figures now: `{"peak_rss_mb": ...}`."""
         self.process.stdin.write("stats\n")
         self.process.stdin.flush()
         return self._receive()

@@ -74,8 +74,10 @@ def setup_evaluation(spec):
     from tf_resnet import data
 
     start = time.perf_counter()
-    info = common.DATA[spec["data"]]
-    split = data.open_split(info["dataset"], info["eval_path"], training=False)
+    source = common.DATA[spec["data"]]
+    split = data.open_split(
+        source["dataset"], source["eval_path"], training=False
+    )
     dataset = split.dataset(
         int(spec["batch"]), data.InputOptions(normalization="dataset")
     )
@@ -87,9 +89,9 @@ def setup_evaluation(spec):
         return count
 
     next(iter(dataset))[0].numpy()
-    timing = {"first_batch_s": time.perf_counter() - start}
+    info = {"first_batch_s": time.perf_counter() - start}
     run_block()
-    return run_block, timing
+    return run_block, info
 
 
 def serve(spec):

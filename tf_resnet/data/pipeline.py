@@ -82,7 +82,9 @@ def make_pipeline(
         # Gathering and decoding in one parallel map: one stage less.
         return order.map(_no_autograph(example), num_parallel_calls=AUTOTUNE)
 
-    ds = table.flat_map(_no_autograph(read))
+    # Cached: an evaluation pipeline is iterated once per evaluation, and
+    # its table (the records read, or TFDS's PNGs decoded) is built once.
+    ds = table.cache().flat_map(_no_autograph(read))
     ds = ds.with_options(pipeline_options())
     if element_fn is not None:
         ds = ds.batch(batch_size, drop_remainder=training)
