@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tests.helpers import flag_values, run_main, write_cifar_records
 from tf_resnet import config as config_lib
-from tf_resnet import train_loop
+from tf_resnet import param_groups, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import base, tf_strategy
 from tf_resnet.errors import UserInputError
@@ -185,7 +185,7 @@ def test_imagenet_loads_keras_resnet50_file_from_cache(tmp_path, monkeypatch):
     ):
         np.testing.assert_array_equal(expected.numpy(), loaded.numpy())
     assert not any(
-        pretrained.is_backbone_variable(v)
+        param_groups.is_backbone_variable(v)
         for v in model.get_layer("logits").weights
     )
 

@@ -23,12 +23,18 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import data, evaluation, models, schedules, summaries
+from tf_resnet import (
+    data,
+    evaluation,
+    models,
+    param_groups,
+    schedules,
+    summaries,
+)
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.ema import ExponentialMovingAverage
 from tf_resnet.losses import classification_losses
-from tf_resnet.models import pretrained
 
 
 class TrainingInterrupted(Exception):
@@ -187,7 +193,7 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
     def replica_fn(images, labels):
         grads, losses, logits = forward_backward(images, labels)
         variables = model.trainable_variables
-        grads = pretrained.scale_gradients(
+        grads = param_groups.scale_gradients(
             grads,
             variables,
             backbone=config.optim.backbone_lr_multiplier,
@@ -342,7 +348,7 @@ class _TrainSteps:
             if self.frozen:
                 logging.info("step %d: unfreezing the backbone", step)
             if self.freeze_steps:
-                pretrained.set_backbone_trainable(self.model, not frozen)
+                param_groups.set_backbone_trainable(self.model, not frozen)
             self.frozen = frozen
             self.step_fn = self.mode.make_train_step(self.make_replica_fn())
         return self.step_fn(iterator)

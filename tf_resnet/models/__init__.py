@@ -1,7 +1,10 @@
 """Model registry: `build_model(name, num_classes, input_shape, **options)`.
 
 All models map float32 images to logits (no softmax); the loss is computed
-from logits in the training loop.
+from logits in the training loop. Every model is a variant of one builder
+(`resnet.resnet`) and reads its options from one type (`ModelOptions`);
+each family (`cifar_resnet`, `course_resnet`, `imagenet_resnet`) says which
+options it takes.
 """
 
 import functools
@@ -9,6 +12,10 @@ import functools
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import cifar_resnet, course_resnet, imagenet_resnet
 from tf_resnet.models import pretrained as pretrained_weights
+from tf_resnet.models.options import ModelOptions
+from tf_resnet.models.resnet import HEAD_LAYER
+
+__all__ = ["HEAD_LAYER", "MODELS", "ModelOptions", "build_model"]
 
 _CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
 
@@ -39,11 +46,15 @@ def build_model(
       input_shape: `(H, W, 3)` of the input images.
       pretrained: `"imagenet"` or a weights file to start from (see
         `tf_resnet.models.pretrained`); `None` for random initialisation.
-      **options: model-specific options, e.g. `shortcut="B"`,
-        `sync_bn=True`.
+      **options: fields of `ModelOptions` the model's family takes, e.g.
+        `shortcut="projection"`, `sync_bn=True`.
 
     Returns:
       An unbuilt-optimizer `keras.Model` returning logits.
+
+    Raises:
+      UserInputError: an unknown model, an option its family does not take
+        or a bad option value.
     """
     try:
         factory = MODELS[name]

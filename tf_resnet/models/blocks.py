@@ -349,20 +349,26 @@ def stage(block, filters, num_blocks, strides, name, **block_options):
     )
 
 
-def stages(x, block, sizes, **block_options):
+def stages(x, block, sizes, names=None, **block_options):
     """Applies one `stage` per `(filters, num_blocks)` of `sizes` to `x`.
 
     The layout every ResNet of the paper shares: the first stage keeps the
     resolution, each later one halves it (stride 2 on its first block).
-    Stages are named `stage1`, `stage2`, ..., the names weight import maps.
+    Stages are named `names`, by default `stage1`, `stage2`, ..., the names
+    weight import maps.
     """
-    for index, (filters, num_blocks) in enumerate(sizes):
+    sizes = list(sizes)
+    if names is None:
+        names = [f"stage{index + 1}" for index in range(len(sizes))]
+    for index, ((filters, num_blocks), name) in enumerate(
+        zip(sizes, names, strict=True)
+    ):
         x = stage(
             block,
             filters,
             num_blocks,
             strides=1 if index == 0 else 2,
-            name=f"stage{index + 1}",
+            name=name,
             **block_options,
         )(x)
     return x

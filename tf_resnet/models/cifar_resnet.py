@@ -12,10 +12,13 @@ The paper's CIFAR default is the parameter-free zero-padding shortcut
 a final BN-ReLU before pooling.
 """
 
-import keras
-from keras import layers
+from tf_resnet.models import blocks, resnet
+from tf_resnet.models.options import Family, ModelOptions
 
-from tf_resnet.models import blocks
+FAMILY = Family(
+    label="resnet20..resnet1202 and their _v2",
+    defaults=ModelOptions(shortcut="zero_pad", stem="cifar"),
+)
 
 
 def cifar_resnet(
@@ -23,10 +26,8 @@ def cifar_resnet(
     num_classes,
     input_shape=(32, 32, 3),
     version=1,
-    shortcut="zero_pad",
-    sync_bn=False,
-    zero_init_residual=False,
     name=None,
+    **options,
 ):
     """Builds a 6n+2-layer CIFAR ResNet.
 
@@ -35,11 +36,9 @@ def cifar_resnet(
       num_classes: outputs of the classifier (logits, no softmax).
       input_shape: `(H, W, 3)`; any size works, 32x32 is the reference.
       version: 1 (post-activation) or 2 (pre-activation).
-      shortcut: `"zero_pad"` (option A) or `"projection"` (option B).
-      sync_bn: synchronise batch statistics across replicas.
-      zero_init_residual: every block starts as its shortcut (see
-        `blocks`).
       name: model name; defaults to `resnet{depth}[_v2]`.
+      **options: `FAMILY.takes` of `ModelOptions` (shortcut, sync_bn,
+        zero_init_residual).
 
     Returns:
       A `keras.Model` mapping images to logits.
@@ -48,28 +47,20 @@ def cifar_resnet(
         raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
     if version not in (1, 2):
         raise ValueError(f"version must be 1 or 2, got {version}")
-    blocks_per_stage = (depth - 2) // 6
     preact = version == 2
-    inputs = keras.Input(shape=input_shape, name="images")
-    x = blocks.conv(16, 3, name="stem_conv")(inputs)
-    if not preact:
-        x = blocks.batch_norm("stem_bn", sync_bn)(x)
-        x = layers.ReLU(name="stem_relu")(x)
-    x = blocks.stages(
-        x,
-        blocks.BasicBlock,
-        [(filters, blocks_per_stage) for filters in (16, 32, 64)],
-        shortcut=shortcut,
+    name = name or f"resnet{depth}{'_v2' if preact else ''}"
+    blocks_per_stage = (depth - 2) // 6
+    return resnet.resnet(
+        resnet.stack(
+            blocks.BasicBlock,
+            [(filters, blocks_per_stage) for filters in (16, 32, 64)],
+            preact=preact,
+        ),
+        num_classes,
+        input_shape,
+        FAMILY.resolve(name, options),
+        name=name,
+        stem_filters=16,
         preact=preact,
-        sync_bn=sync_bn,
-        zero_init_residual=zero_init_residual,
+        head_initializer="he_normal",
     )
-    if preact:
-        x = blocks.batch_norm("final_bn", sync_bn)(x)
-        x = layers.ReLU(name="final_relu")(x)
-    x = layers.GlobalAveragePooling2D(name="pool")(x)
-    outputs = layers.Dense(
-        num_classes, kernel_initializer="he_normal", name="logits"
-    )(x)
-    suffix = "_v2" if preact else ""
-    return keras.Model(inputs, outputs, name=name or f"resnet{depth}{suffix}")

@@ -19,10 +19,8 @@ classes and 3,585,256 for 200; batch norm adds 6,336 moving statistics
 tests/test_course_models.py).
 """
 
-import keras
-from keras import layers
-
-from tf_resnet.models import blocks
+from tf_resnet.models import blocks, resnet
+from tf_resnet.models.options import COMMON, Family, ModelOptions
 
 # (name, filters, blocks) of each stage, as in the assignment's figure.
 STAGES = (
@@ -31,51 +29,42 @@ STAGES = (
     ("conv4_x", 128, 4),
     ("conv5_x", 256, 2),
 )
+# The assignment's projection shortcut and its one dropout, after the stem.
+FAMILY = Family(
+    label="course_resnet",
+    defaults=ModelOptions(
+        shortcut="projection", stem="cifar", dropout_rate=0.2
+    ),
+    takes=COMMON | {"dropout_rate"},
+)
 
 
 def course_resnet(
-    num_classes,
-    input_shape=(32, 32, 3),
-    dropout_rate=0.2,
-    shortcut="projection",
-    sync_bn=False,
-    zero_init_residual=False,
-    name="course_resnet",
+    num_classes, input_shape=(32, 32, 3), name="course_resnet", **options
 ):
     """Builds the course ResNet.
 
     Args:
       num_classes: outputs of the classifier (logits, no softmax).
       input_shape: `(H, W, 3)`; 32x32 and 64x64 are the intended sizes.
-      dropout_rate: dropout after the first convolution's ReLU, the only
-        dropout of the assignment's network.
-      shortcut: `"projection"` (the assignment's 1x1 conv) or `"zero_pad"`.
-      sync_bn: synchronise batch statistics across replicas.
-      zero_init_residual: every block starts as its shortcut (see
-        `blocks`).
       name: model name.
+      **options: `FAMILY.takes` of `ModelOptions` (dropout_rate, shortcut,
+        sync_bn, zero_init_residual).
 
     Returns:
       A `keras.Model` mapping images to logits.
     """
-    inputs = keras.Input(shape=input_shape, name="images")
-    x = blocks.conv(32, 3, name="stem_conv")(inputs)
-    x = blocks.batch_norm("stem_bn", sync_bn)(x)
-    x = layers.ReLU(name="stem_relu")(x)
-    x = layers.Dropout(dropout_rate, name="stem_dropout")(x)
-    for index, (stage_name, filters, num_blocks) in enumerate(STAGES):
-        x = blocks.stage(
+    return resnet.resnet(
+        resnet.stack(
             blocks.BasicBlock,
-            filters,
-            num_blocks,
-            strides=1 if index == 0 else 2,
-            name=stage_name,
-            shortcut=shortcut,
-            sync_bn=sync_bn,
-            zero_init_residual=zero_init_residual,
-        )(x)
-    x = layers.GlobalMaxPooling2D(name="pool")(x)
-    outputs = layers.Dense(
-        num_classes, kernel_initializer="he_normal", name="logits"
-    )(x)
-    return keras.Model(inputs, outputs, name=name)
+            [(filters, num_blocks) for _, filters, num_blocks in STAGES],
+            names=[stage_name for stage_name, _, _ in STAGES],
+        ),
+        num_classes,
+        input_shape,
+        FAMILY.resolve(name, options),
+        name=name,
+        stem_filters=32,
+        pooling="max",
+        head_initializer="he_normal",
+    )

@@ -15,9 +15,9 @@ sources:
   torchvision state dict, mapped tensor by tensor onto the torchvision-
   layout models of `imagenet_resnet` (Keras ships no ResNet-18/34).
 
-The classifier is always the `Dense` layer named `logits`; everything else
-is the backbone, which `--freeze_backbone_epochs` freezes and
-`--backbone_lr_multiplier` slows down.
+Either way the classifier is the `Dense` layer named `logits`
+(`resnet.HEAD_LAYER`) and everything else the backbone, the split that
+`tf_resnet.param_groups` freezes and slows down when fine-tuning.
 """
 
 import os
@@ -29,8 +29,8 @@ from absl import logging
 from keras import layers
 
 from tf_resnet.errors import UserInputError
+from tf_resnet.models.resnet import HEAD_LAYER
 
-HEAD_LAYER = "logits"
 TORCHVISION_MODELS = ("resnet18", "resnet34", "resnet50")
 KERAS_RESNET50_FILE = "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"
 # Keras' ResNet50 weights expect BGR pixels minus the ImageNet mean
@@ -292,38 +292,3 @@ def load_torchvision_weights(model, path):
     for name, variable in variables.items():
         variable.assign(_to_keras_layout(state[name]).astype(variable.dtype))
     return skipped
-
-
-def is_backbone_variable(variable):
-    """Everything but the classifier belongs to the backbone."""
-    return not variable.path.startswith(f"{HEAD_LAYER}/")
-
-
-def set_backbone_trainable(model, trainable):
-    """Freezes or unfreezes every layer but the classifier.
-
-    A frozen Keras `BatchNormalization` runs in inference mode (moving
-    statistics, no updates), as fine-tuning needs. Takes effect in a train
-    step traced after the call.
-    """
-    for layer in model.layers:
-        if layer.name != HEAD_LAYER:
-            layer.trainable = trainable
-
-
-def scale_gradients(grads, variables, backbone=1.0, head=1.0):
-    """Multiplies the backbone's and the classifier's gradients.
-
-    For SGD with momentum, scaling a variable's gradient (which includes
-    its L2 term) by m is the same as scaling its learning rate by m: a
-    slower backbone when fine-tuning, or a slower classifier where its
-    inputs are large (docs/recipes.md, `course_resnet`).
-    """
-    if backbone == 1.0 and head == 1.0:
-        return grads
-    scaled = []
-    for grad, variable in zip(grads, variables, strict=True):
-        factor = backbone if is_backbone_variable(variable) else head
-        # No multiply op for the unscaled part: one per variable per step.
-        scaled.append(grad if grad is None or factor == 1.0 else grad * factor)
-    return scaled
