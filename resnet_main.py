@@ -25,7 +25,7 @@ from absl import app, logging  # noqa: E402
 from tf_resnet import export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
-from tf_resnet.distribute import make_mode, parameter_server  # noqa: E402
+from tf_resnet.distribute import make_mode, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
@@ -44,9 +44,7 @@ def run(argv):
             export.export(config, config.run.export_dir, config.run.checkpoint)
             return 0
         dist = config.distribution
-        server = parameter_server.server_task(**dist.cluster)
-        if server:  # A ps or worker task: serve the cluster until killed.
-            parameter_server.run_server(server)
+        if serve(dist):  # A task that only serves its cluster.
             return 0
         mode = make_mode(
             started.distribution,

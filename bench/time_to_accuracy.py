@@ -62,7 +62,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import common  # noqa: E402
 
 from tf_resnet import config as config_lib  # noqa: E402
-from tf_resnet.config import RECIPES  # noqa: E402
+from tf_resnet.recipes import RECIPES  # noqa: E402
 
 ROOT = common.ROOT
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -70,7 +70,7 @@ BATCH = 128
 POLL_SECONDS = 0.25
 
 # The knobs both frameworks understand. Their values come from the
-# project's own recipe table (`tf_resnet.config.RECIPES`), so `ours:fast`
+# project's own recipe table (`tf_resnet.recipes.RECIPES`), so `ours:fast`
 # is exactly `resnet_main.py --recipe=fast` and `torch:fast` the same
 # recipe in PyTorch.
 KNOBS = (

@@ -18,8 +18,9 @@ import pytest
 from tests import horovod_runs
 from tests.helpers import HAS_HOROVOD, requires_horovod
 from tests.horovod_runs import Spec
+from tf_resnet import engines
 from tf_resnet.config import DistributionConfig
-from tf_resnet.distribute import averaging, make_mode
+from tf_resnet.distribute import make_mode
 from tf_resnet.errors import UserInputError
 
 ENGINES = pytest.mark.parametrize(
@@ -133,14 +134,17 @@ def test_averaging_engine_follows_how_the_processes_were_started(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     config = DistributionConfig()
-    assert averaging.engine(config)[0] == "horovod"
+    assert engines.averaging_transport(config)[0] == "horovod"
     hosts = DistributionConfig(worker_hosts=("a:1", "b:2"))
-    assert averaging.engine(hosts) == ("multi_worker", "--worker_hosts")
+    assert engines.averaging_transport(hosts) == (
+        "multi_worker",
+        "--worker_hosts",
+    )
     workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
-    assert averaging.engine(config)[0] == "multi_worker"
+    assert engines.averaging_transport(config)[0] == "multi_worker"
     monkeypatch.setenv("HOROVOD_SIZE", "2")  # horovodrun's ranks win.
-    assert averaging.engine(config)[0] == "horovod"
+    assert engines.averaging_transport(config)[0] == "horovod"
 
 
 @pytest.mark.parametrize("devices", ["--num_gpus=4", "--cpu_replicas=4"])
@@ -168,7 +172,7 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
 
 
 def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
-    (command, *_) = averaging.launcher_commands(
+    (command, *_) = engines.launcher_commands(
         2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
     )
     assert command == (

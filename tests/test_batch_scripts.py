@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import ROOT, requires_horovod, write_cifar_records
-from tf_resnet.config import PRESETS
+from tf_resnet.recipes import PRESETS
 
 FAKES = {
     "scontrol": """

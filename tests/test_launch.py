@@ -49,7 +49,9 @@ print(json.dumps({
     }
     # The check sees TensorFlow where it is imported.
     assert _fresh_python(
-        report.replace("tf_resnet.launch.ps", "tf_resnet.distribute")
+        report.replace(
+            "tf_resnet.launch.ps", "tf_resnet.distribute.tf_strategy"
+        )
     )["outside_stdlib"] != ["tf_resnet"]
 
 

@@ -23,6 +23,7 @@ import pytest
 from tests import horovod_runs
 from tests.helpers import ROOT
 from tf_resnet import config as config_lib
+from tf_resnet import engines
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
@@ -289,27 +290,27 @@ def test_auto_picks_multi_worker_in_a_tf_config_cluster_without_ps(
         monkeypatch.delenv(name, raising=False)
     workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
-    assert config_lib.resolve_distribution("auto") == (
+    assert engines.resolve("auto") == (
         "multi_worker",
         "TF_CONFIG names 2 workers, no ps",
     )
     one = {"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(one))
-    assert config_lib.resolve_distribution("auto")[0] == "auto"
+    assert engines.resolve("auto")[0] == "auto"
     with_ps = {"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(with_ps))
-    assert config_lib.resolve_distribution("auto")[0] == "parameter_server"
+    assert engines.resolve("auto")[0] == "parameter_server"
 
 
 def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
     for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)
     preset = "course_async_cifar100"
-    assert config_lib.resolve_distribution("parameter_server", preset) == (
+    assert engines.resolve("parameter_server", preset) == (
         "parameter_server",
         f"--preset={preset}",
     )
-    assert config_lib.resolve_distribution("multi_worker", preset) == (
+    assert engines.resolve("multi_worker", preset) == (
         "multi_worker",
         "--distribution",
     )

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tests.helpers import flag_values, run_main
 from tests.test_reliability import train_args
 from tf_resnet import config as config_lib
+from tf_resnet import recipes
 
 
 def _sums(log_root):
@@ -61,7 +62,7 @@ def test_the_paper_recipe_trains_exactly_as_before(synthetic_cifar, tmp_path):
 def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     values = flag_values(tmp_path)
     fast = config_lib.resolve({**values, "recipe": "fast"}, {"recipe"})
-    for name, value in config_lib.RECIPES["fast"].items():
+    for name, value in recipes.RECIPES["fast"].items():
         assert config_lib.flatten(fast)[name] == value, name
     tuned = config_lib.resolve(
         {**values, "recipe": "fast", "learning_rate": 0.2},
@@ -88,8 +89,8 @@ def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
         config_lib.resolve({**values, "preset": preset}, set())
     )
     assert flat["recipe"] == "fast"
-    own = config_lib.PRESETS[preset]
-    for name, value in config_lib.RECIPES["fast"].items():
+    own = recipes.PRESETS[preset]
+    for name, value in recipes.RECIPES["fast"].items():
         assert flat[name] == own.get(name, value), name
     # --recipe=paper under a preset: the paper's knobs, the preset's task.
     paper = config_lib.flatten(

@@ -1,12 +1,14 @@
-"""The one configuration of a run: filled once, validated once, saved once.
+"""The one configuration of a run: defined once, filled once, checked once.
 
-Every flag of `resnet_main.py` is a field of one group below, under the
-flag's own name, so filling the config from the flags is a loop, not a
-hand-copied list. Values are layered, each layer winning over the ones
-before it:
+Every setting is a field of one group below, declared with
+`schema.setting`: its default, flag help, choices and bounds are defined
+there and nowhere else. `flags` generates the absl flag of the same name
+from the field, so filling the config from the flags is a loop, and
+`schema.check` validates every group against the same declarations.
+Values are layered, each layer winning over the ones before it:
 
-  field defaults < `--preset` < the run's saved `config.json` < flags given
-  on the command line.
+  field defaults < `--recipe` < `--preset` < the run's saved
+  `config.json` < flags given on the command line.
 
 The saved layer is what lets a resumed run, the separate `--mode=eval` job
 and export read the run's own settings instead of re-deriving them: only
@@ -19,47 +21,73 @@ configuration cheaply.
 
 import dataclasses
 import json
-import math
 import os
 
+from tf_resnet import detect, engines, recipes, schema
 from tf_resnet.errors import UserInputError
+from tf_resnet.schema import (
+    AT_LEAST_ONE,
+    BELOW_ONE,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    defined_in,
+    setting,
+)
 
 CONFIG_FILE = "config.json"
-
-DISTRIBUTIONS = (
-    "auto",
-    "default",
-    "mirrored",
-    "horovod",
-    "averaging",
-    "parameter_server",
-    "multi_worker",
-)
-# One process per replica, started by horovodrun/mpirun.
-HOROVOD_DISTRIBUTIONS = ("horovod", "averaging")
-SERVER_JOBS = ("ps", "worker")
 MODES = ("train", "eval", "export")
-DTYPES = ("auto", "float32", "float64", "mixed_bfloat16", "mixed_float16")
-LR_SCHEDULES = ("step", "cosine", "onecycle")
-EVAL_TTA = ("none", "flip")
-NORMALIZATIONS = ("per_image", "dataset")
-# Variables of the process launchers that make a Horovod rank: horovodrun
-# (Gloo) sets HOROVOD_*, Open MPI OMPI_COMM_WORLD_*, MPICH/Intel MPI PMI_*.
-_RANK_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 @dataclasses.dataclass
 class DataConfig:
     """Which dataset, where its files are and how they are read."""
 
-    dataset: str = "cifar10"
-    data_source: str | None = None  # None: inferred from dataset and files.
-    train_data_path: str = ""
-    eval_data_path: str = ""
-    tfds_data_dir: str = ""
-    image_size: int | None = None
-    shuffle: bool = True
-    normalization: str = "per_image"
+    dataset: str = setting(
+        "cifar10",
+        "Dataset.",
+        choices=defined_in("tf_resnet.data.facts:DATASETS"),
+    )
+    data_source: str | None = setting(
+        None,
+        "On-disk format; default: inferred (folder for tinyimagenet; binary "
+        "or pickle from the CIFAR files' first bytes). binary (official CIFAR "
+        "binaries), pickle (official CIFAR python pickles: data_batch_*, "
+        "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
+        "tensorflow-datasets in --tfds_data_dir; never downloads, never "
+        "inferred), folder (--dataset=tinyimagenet: tiny-imagenet-200 root "
+        "as both data paths).",
+        choices=("binary", "pickle", "tfds", "folder"),
+    )
+    train_data_path: str = setting(
+        "",
+        "Glob of training files, e.g. cifar-10-batches-bin/data_batch*, "
+        "cifar-100-binary/train.bin.",
+    )
+    eval_data_path: str = setting(
+        "",
+        "Glob of evaluation files, e.g. cifar-10-batches-bin/test_batch.bin.",
+    )
+    tfds_data_dir: str = setting(
+        "",
+        "--data_source=tfds: TFDS data dir of the prepared dataset (empty: "
+        "~/tensorflow_datasets), for both splits.",
+    )
+    image_size: int | None = setting(
+        None,
+        "Side of the model input; images are resized when it differs from "
+        "the dataset's (e.g. 224 for ImageNet weights).",
+    )
+    shuffle: bool = setting(
+        True,
+        "Each training epoch a new permutation of the whole training split; "
+        "--noshuffle reads it in file order (for checks).",
+    )
+    normalization: str = setting(
+        "per_image",
+        "per_image standardisation, or the dataset's per-channel mean/std.",
+        choices=("per_image", "dataset"),
+    )
 
     def split_path(self, training):
         """The path a split is read from (TFDS reads one data dir)."""
@@ -72,13 +100,40 @@ class DataConfig:
 class ModelConfig:
     """The architecture and where its weights start."""
 
-    model: str = "resnet20"
-    shortcut: str | None = None
-    sync_bn: bool = False
-    stem: str | None = None
-    dropout_rate: float | None = None
-    pretrained: str = ""
-    zero_init_residual: bool = False
+    model: str = setting(
+        "resnet20",
+        "Architecture.",
+        choices=defined_in("tf_resnet.models:MODELS"),
+    )
+    shortcut: str | None = setting(
+        None,
+        "Shortcut on shape changes (default: the model's own: zero_pad for "
+        "CIFAR ResNets).",
+        choices=defined_in("tf_resnet.models.options:SHORTCUTS"),
+    )
+    sync_bn: bool = setting(
+        False, "Synchronise BatchNorm batch statistics across replicas."
+    )
+    stem: str | None = setting(
+        None,
+        "resnet18/34/50: 7x7/2 conv + max pool (ImageNet, default) or 3x3/1 "
+        "conv (small images).",
+        choices=defined_in("tf_resnet.models.options:STEMS"),
+    )
+    dropout_rate: float | None = setting(
+        None, "course_resnet: dropout after the first conv."
+    )
+    pretrained: str = setting(
+        "",
+        "Start from ImageNet weights: 'imagenet' (Keras' ResNet50 file in "
+        "~/.keras/models/, resnet50 only) or a local torchvision state dict "
+        "(.pth/.npz/.safetensors, resnet18/34/50). The classifier is "
+        "re-initialised for the dataset's classes.",
+    )
+    zero_init_residual: bool = setting(
+        False,
+        "Initialise the last BatchNorm gamma of each residual block at 0.",
+    )
 
     @property
     def options(self):
@@ -100,27 +155,88 @@ class OptimConfig:
     The defaults are the paper's recipe (`--recipe=paper`).
     """
 
-    batch_size: int = 128
-    eval_batch_size: int = 0
-    learning_rate: float = 0.1
-    lr_schedule: str = "step"
-    lr_decay_fractions: tuple = (0.5, 0.75)
-    lr_decay_rate: float = 0.1
-    warmup_epochs: float = 0.0
-    warmup_fraction: float = 0.0
-    final_lr_fraction: float = 0.0
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 1e-4
-    label_smoothing: float = 0.0
-    ema_decay: float = 0.0
-    eval_tta: str = "none"
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-    cutout_size: int = 0
-    freeze_backbone_epochs: float = 0.0
-    backbone_lr_multiplier: float = 1.0
-    head_lr_multiplier: float = 1.0
+    batch_size: int = setting(
+        128,
+        "GLOBAL batch size: split over all replicas of all workers.",
+        bounds=POSITIVE,
+    )
+    eval_batch_size: int = setting(
+        0, "Evaluation batch per process (0: --batch_size)."
+    )
+    learning_rate: float = setting(
+        0.1,
+        "Learning rate at batch 128; scaled linearly with the batch of one "
+        "update.",
+    )
+    lr_schedule: str = setting(
+        "step",
+        "step: /--lr_decay_rate at --lr_decay_fractions; cosine; onecycle "
+        "(linear up over --warmup_epochs, linear down). All end at "
+        "--final_lr_fraction of the peak (cosine, onecycle).",
+        choices=("step", "cosine", "onecycle"),
+    )
+    lr_decay_fractions: tuple = setting(
+        (0.5, 0.75),
+        "Fractions of the run at which the rate drops (the paper: 32k and "
+        "48k of 64k steps).",
+    )
+    lr_decay_rate: float = setting(0.1, "Factor applied at each decay.")
+    warmup_epochs: float = setting(0.0, "Linear learning-rate warm-up.")
+    warmup_fraction: float = setting(
+        0.0,
+        "Warm-up as a fraction of the run, when --warmup_epochs is 0.",
+        bounds=FRACTION,
+    )
+    final_lr_fraction: float = setting(
+        0.0,
+        "cosine/onecycle: the rate at the last step, as a fraction of peak.",
+        bounds=FRACTION,
+    )
+    momentum: float = setting(0.9, "SGD momentum.")
+    nesterov: bool = setting(False, "Nesterov momentum.")
+    weight_decay: float = setting(1e-4, "L2 weight decay on kernels.")
+    label_smoothing: float = setting(
+        0.0, "Label smoothing of the training loss.", bounds=BELOW_ONE
+    )
+    ema_decay: float = setting(
+        0.0,
+        "Exponential moving average of the weights and BN statistics with "
+        "this decay (0: off); evaluated and exported instead of the raw "
+        "weights.",
+        bounds=BELOW_ONE,
+    )
+    eval_tta: str = setting(
+        "none",
+        "Test-time augmentation: flip = mean of the logits of the image and "
+        "its mirror (evaluation and export).",
+        choices=("none", "flip"),
+    )
+    mixup_alpha: float = setting(
+        0.0, "Mixup Beta(alpha, alpha); 0: off.", bounds=NON_NEGATIVE
+    )
+    cutmix_alpha: float = setting(
+        0.0, "CutMix Beta(alpha, alpha); 0: off.", bounds=NON_NEGATIVE
+    )
+    cutout_size: int = setting(
+        0, "Cutout square side; 0: off.", bounds=NON_NEGATIVE
+    )
+    freeze_backbone_epochs: float = setting(
+        0.0,
+        "Train only the classifier for this many epochs (backbone BatchNorm "
+        "in inference mode), then everything.",
+    )
+    backbone_lr_multiplier: float = setting(
+        1.0,
+        "Learning rate of everything but the classifier, relative to "
+        "--learning_rate.",
+        bounds=NON_NEGATIVE,
+    )
+    head_lr_multiplier: float = setting(
+        1.0,
+        "Learning rate of the classifier (the `logits` layer), relative to "
+        "--learning_rate.",
+        bounds=NON_NEGATIVE,
+    )
 
     def __post_init__(self):
         # Flags hand over lists of strings.
@@ -133,42 +249,126 @@ class OptimConfig:
 class RunConfig:
     """What this invocation does, how long the run is, what it writes when."""
 
-    mode: str = "train"
-    log_root: str = "/tmp/resnet_model"
-    train_dir: str = ""
-    eval_dir: str = ""
-    train_steps: int = 0
-    train_epochs: float = 0.0
-    seed: int = 0
-    log_every_steps: int = 100
-    eval_every_steps: int = 0
-    eval_batch_count: int = 0
-    eval_once: bool = False
-    eval_timeout_secs: float = 3600.0
-    checkpoint_every_steps: int = 0
-    keep_checkpoints: int = 5
-    steps_per_run: int = 0
-    export_dir: str = ""
-    checkpoint: str = ""
+    mode: str = setting(
+        "train",
+        "train, eval (the separate evaluation job) or export (the run's "
+        "model as a SavedModel and a .keras file in --export_dir).",
+        choices=MODES,
+    )
+    log_root: str = setting(
+        "/tmp/resnet_model",
+        "Checkpoints, eval.csv and the learning curve go here; a run resumes "
+        "from its latest checkpoint.",
+    )
+    train_dir: str = setting(
+        "", "TensorBoard train dir (default log_root/train)."
+    )
+    eval_dir: str = setting(
+        "",
+        "TensorBoard eval dir and the evaluation's reports (default "
+        "log_root/eval while training; log_root/eval_job for --mode=eval, "
+        "so the eval job never rewrites training's).",
+    )
+    train_steps: int = setting(
+        0, "Optimizer steps (0: use --train_epochs, else 64000)."
+    )
+    train_epochs: float = setting(0.0, "Epochs, when --train_steps is 0.")
+    seed: int = setting(0, "Seed of weights, shuffling and augmentation.")
+    log_every_steps: int = setting(
+        100, "Progress line and train summaries every N steps."
+    )
+    eval_every_steps: int = setting(
+        0, "Evaluate while training every N steps (0: each epoch)."
+    )
+    eval_batch_count: int = setting(
+        0, "Evaluate only this many batches (0: all records)."
+    )
+    eval_once: bool = setting(
+        False, "--mode=eval: evaluate the latest checkpoint once."
+    )
+    eval_timeout_secs: float = setting(
+        3600.0, "--mode=eval: stop after this long without a new checkpoint."
+    )
+    checkpoint_every_steps: int = setting(
+        0, "Checkpoint every N steps (0: at each evaluation)."
+    )
+    keep_checkpoints: int = setting(5, "Checkpoints kept in log_root.")
+    steps_per_run: int = setting(
+        0,
+        "Stop (with a checkpoint) after this many steps in this invocation; "
+        "rerun to continue. For time-sliced batch queues.",
+    )
+    export_dir: str = setting(
+        "",
+        "--mode=export: directory to write the SavedModel, model.keras, "
+        "labels.txt and export.json to.",
+    )
+    checkpoint: str = setting(
+        "",
+        "--mode=export: checkpoint to export, e.g. LOG_ROOT/ckpt-2000 "
+        "(default: the latest in --log_root).",
+    )
 
     def __post_init__(self):
         self.train_dir = self.train_dir or os.path.join(self.log_root, "train")
-        self.eval_dir = self.eval_dir or os.path.join(self.log_root, "eval")
+        # The eval job's reports and events must not land on training's.
+        own = "eval_job" if self.mode == "eval" else "eval"
+        self.eval_dir = self.eval_dir or os.path.join(self.log_root, own)
 
 
 @dataclasses.dataclass
 class DistributionConfig:
     """How replicas, processes and machines share the work."""
 
-    distribution: str = "auto"
-    num_gpus: int = 0
-    cpu_replicas: int = 1
-    average_every: int = 1
-    ps_hosts: tuple = ()
-    worker_hosts: tuple = ()
-    job_name: str | None = None
-    task_index: int = 0
-    collective_timeout_secs: float = 300.0
+    distribution: str = setting(
+        "auto",
+        "How replicas combine. auto: horovod when started by horovodrun "
+        "(or mpirun) with several ranks, parameter_server for the "
+        "coordinator of a TF_CONFIG cluster with ps tasks, multi_worker in "
+        "a TF_CONFIG cluster of several workers without ps or a Slurm job "
+        "step of several tasks, else mirrored when several devices, else "
+        "default.",
+        choices=engines.DISTRIBUTIONS,
+    )
+    num_gpus: int = setting(
+        0, "GPUs of this machine to use (MirroredStrategy when >1)."
+    )
+    cpu_replicas: int = setting(
+        1,
+        "Split the CPU into N logical devices (to exercise MirroredStrategy "
+        "without GPUs).",
+    )
+    average_every: int = setting(
+        1,
+        "--distribution=averaging: local steps per rank between weight "
+        "averages (1: synchronous SGD at 1/ranks of the rate).",
+        bounds=AT_LEAST_ONE,
+    )
+    # Parameter-server cluster (the names of TF1's distributed flags);
+    # without them --distribution=parameter_server reads TF_CONFIG.
+    ps_hosts: tuple = setting((), "host:port of each parameter server.")
+    worker_hosts: tuple = setting(
+        (), "host:port of each worker (parameter_server and multi_worker)."
+    )
+    job_name: str | None = setting(
+        None,
+        "This process's task: ps and worker serve until killed; chief "
+        "(default) trains.",
+        choices=("chief", *detect.SERVER_JOBS),
+    )
+    task_index: int = setting(
+        0,
+        "Index of this task within --job_name (multi_worker: within "
+        "--worker_hosts; 0 is the chief).",
+        bounds=NON_NEGATIVE,
+    )
+    collective_timeout_secs: float = setting(
+        300.0,
+        "--distribution=multi_worker: how long one all-reduce may wait for "
+        "the other workers before this one fails (a dead peer must not hang "
+        "the job; raise it if the first step compiles for longer).",
+        bounds=POSITIVE,
+    )
 
     def __post_init__(self):
         self.ps_hosts = tuple(self.ps_hosts)
@@ -186,34 +386,55 @@ class DistributionConfig:
 
     @property
     def is_server_task(self):
-        """A ps or worker task of a parameter-server cluster: it only serves.
-
-        Named by `--job_name`, or by a `TF_CONFIG` whose cluster has a `ps`
-        job (so one written for multi-worker all-reduce is not taken for it).
-        """
-        if self.job_name:
-            return self.job_name in SERVER_JOBS
-        tf_config = read_tf_config()
-        return (
-            "ps" in tf_config.get("cluster", {})
-            and tf_config.get("task", {}).get("type") in SERVER_JOBS
-        )
+        """A ps or worker task of a parameter-server cluster (`detect`)."""
+        return detect.is_server_task(self.job_name)
 
 
 @dataclasses.dataclass
 class RuntimeConfig:
     """Settings fixed when TensorFlow starts (see `tf_resnet.runtime`)."""
 
-    dtype: str = "auto"
-    xla: bool = False
-    intra_op_threads: int = 0
-    inter_op_threads: int = 0
-    deterministic: bool = False
+    dtype: str = setting(
+        "auto",
+        "Keras dtype policy. auto: mixed_bfloat16 on a CPU-only machine "
+        "whose CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16: "
+        "faster at the same accuracy, bench/README.md), else float32. "
+        "mixed_float16 (GPU) adds loss scaling; float64 is for numerical "
+        "verification.",
+        choices=(
+            "auto",
+            "float32",
+            "float64",
+            "mixed_bfloat16",
+            "mixed_float16",
+        ),
+    )
+    xla: bool = setting(
+        False,
+        "Compile the forward and backward pass with XLA. Off by default: "
+        "much slower on CPU (XLA's CPU convolutions bypass oneDNN, "
+        "bench/README.md); worth trying on GPUs.",
+    )
+    intra_op_threads: int = setting(
+        0,
+        "Threads one op may use (0: TensorFlow's default, one per core).",
+        bounds=NON_NEGATIVE,
+    )
+    inter_op_threads: int = setting(
+        0,
+        "Ops run concurrently (0: TensorFlow's default, one per core).",
+        bounds=NON_NEGATIVE,
+    )
+    deterministic: bool = setting(
+        False,
+        "tf.config.experimental.enable_op_determinism(): bit-identical runs "
+        "and resumes, somewhat slower.",
+    )
 
 
 @dataclasses.dataclass
 class Config:
-    """Everything a run needs, in groups."""
+    """Everything a run needs, in groups; `preset` and `recipe` layer them."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -223,8 +444,18 @@ class Config:
         default_factory=DistributionConfig
     )
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
-    preset: str | None = None
-    recipe: str = "paper"
+    preset: str | None = setting(
+        None,
+        "Hyperparameters of a course assignment (docs/recipes.md); flags "
+        "given explicitly still win.",
+        choices=tuple(sorted(recipes.PRESETS)),
+    )
+    recipe: str = setting(
+        "paper",
+        "A group of the recipe flags: paper (the original step schedule) or "
+        "fast (short budgets). Flags given explicitly win.",
+        choices=tuple(sorted(recipes.RECIPES)),
+    )
 
     def to_json(self):
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -263,90 +494,14 @@ CARRIED = frozenset(
     ]
 )
 
-# Groups of recipe fields, set by `--recipe`; docs/recipes.md says why.
-RECIPES = {
-    # The paper's: step decay /10 at 50% and 75%, wd 1e-4, per-image
-    # standardisation. The field defaults; bit-for-bit the original.
-    "paper": {},
-    # Short budgets (tens of epochs): one-cycle at a high peak with
-    # nesterov, strong weight decay, label smoothing, dataset mean/std, an
-    # average of the weights and flip TTA; chosen with
-    # bench/time_to_accuracy.py.
-    "fast": {
-        "lr_schedule": "onecycle",
-        "learning_rate": 0.4,
-        "warmup_fraction": 0.15,
-        "nesterov": True,
-        "weight_decay": 1e-3,
-        "label_smoothing": 0.2,
-        "normalization": "dataset",
-        "ema_decay": 0.99,
-        "eval_tta": "flip",
-    },
-}
 
-# Starting points for the course's assignments; docs/recipes.md says why.
-# The from-scratch ones train with the `fast` recipe, which won at their
-# budgets (bench/README.md, "Time to accuracy"), and a slower classifier:
-# course_resnet's globally max-pooled features are large, so at the
-# recipe's rate the classifier's first updates overshoot.
-PRESETS = {
-    "course_cifar100": {
-        "dataset": "cifar100",
-        "model": "course_resnet",
-        "recipe": "fast",
-        "head_lr_multiplier": 0.05,
-        "train_epochs": 60,
-        "batch_size": 128,
-    },
-    "course_tinyimagenet": {
-        "dataset": "tinyimagenet",
-        "model": "course_resnet",
-        "recipe": "fast",
-        "head_lr_multiplier": 0.05,
-        "train_epochs": 40,
-        "batch_size": 128,
-    },
-    # course_cifar100 on several ranks, one all-reduced update per step:
-    # a fixed global batch, so any rank count runs the same optimisation.
-    # The peak is 0.4 at the global batch of 512, the fast recipe's peak at
-    # 128 not scaled up a second time (docs/recipes.md says why).
-    "course_sync_cifar100": {
-        "dataset": "cifar100",
-        "model": "course_resnet",
-        "recipe": "fast",
-        "head_lr_multiplier": 0.05,
-        "distribution": "horovod",
-        "train_epochs": 60,
-        "batch_size": 512,
-        "learning_rate": 0.1,
-    },
-    # course_cifar100 on parameter servers: each step is one worker's
-    # update; less momentum, as stale gradients add momentum of their own.
-    "course_async_cifar100": {
-        "dataset": "cifar100",
-        "model": "course_resnet",
-        "recipe": "fast",
-        "head_lr_multiplier": 0.05,
-        "distribution": "parameter_server",
-        "train_epochs": 60,
-        "batch_size": 128,
-        "momentum": 0.5,
-    },
-    "resnet18_cifar100": {
-        "dataset": "cifar100",
-        "model": "resnet18",
-        "stem": "imagenet",
-        "image_size": 224,
-        "train_epochs": 10,
-        "batch_size": 128,
-        "learning_rate": 0.01,
-        "lr_decay_fractions": (0.5, 0.75),
-        "weight_decay": 5e-4,
-        "freeze_backbone_epochs": 1,
-        "backbone_lr_multiplier": 0.1,
-    },
-}
+def fields():
+    """Every setting's `dataclasses.Field`, in group order, top level last."""
+    top = [f for f in dataclasses.fields(Config) if f.name in TOP_LEVEL]
+    return [
+        *(f for cls in GROUPS.values() for f in dataclasses.fields(cls)),
+        *top,
+    ]
 
 
 def make_config(**values):
@@ -393,11 +548,12 @@ def resolve(values, explicit):
     layers = []
     preset = values.get("preset")
     if preset:
-        if preset not in PRESETS:
+        if preset not in recipes.PRESETS:
             raise UserInputError(
-                f"unknown --preset={preset}; known: {', '.join(PRESETS)}"
+                f"unknown --preset={preset}; known: "
+                f"{', '.join(recipes.PRESETS)}"
             )
-        layers.append(PRESETS[preset])
+        layers.append(recipes.PRESETS[preset])
     saved = load_saved(values.get("log_root") or RunConfig.log_root)
     if saved is not None:
         layers.append({k: v for k, v in saved.items() if k in CARRIED})
@@ -406,11 +562,11 @@ def resolve(values, explicit):
     if "recipe" not in explicit:
         for layer in layers:
             recipe = layer.get("recipe", recipe)
-    if recipe not in RECIPES:
+    if recipe not in recipes.RECIPES:
         raise UserInputError(
-            f"unknown --recipe={recipe}; known: {', '.join(RECIPES)}"
+            f"unknown --recipe={recipe}; known: {', '.join(recipes.RECIPES)}"
         )
-    layers.insert(0, {**RECIPES[recipe], "recipe": recipe})
+    layers.insert(0, {**recipes.RECIPES[recipe], "recipe": recipe})
     for layer in layers:
         for name, value in layer.items():
             if name not in explicit:
@@ -488,104 +644,16 @@ def save(config, plan, write_fn):
     )
 
 
-def read_tf_config():
-    """`TF_CONFIG` as a dict (`{}` when unset)."""
-    text = os.environ.get("TF_CONFIG", "").strip()
-    if not text:
-        return {}
-    try:
-        tf_config = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise UserInputError(f"TF_CONFIG is not valid JSON: {error}") from None
-    if not isinstance(tf_config, dict):
-        raise UserInputError(f"TF_CONFIG must be a JSON object, got {text!r}")
-    return tf_config
-
-
-def tf_config_workers():
-    """Workers (a chief included) of a `TF_CONFIG` cluster without ps.
-
-    0 when `TF_CONFIG` is unset or names parameter servers: what decides
-    whether a process is one worker of a multi-worker all-reduce.
-    """
-    cluster = read_tf_config().get("cluster", {})
-    if "ps" in cluster:
-        return 0
-    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-
-
-def launcher_world_size():
-    """`(processes, variable)` of a horovodrun/mpirun job, else `(1, None)`."""
-    for variable in _RANK_SIZE_VARIABLES:
-        value = os.environ.get(variable, "")
-        if value.isdigit():
-            return int(value), variable
-    return 1, None
-
-
-def resolve_distribution(distribution, preset=None):
-    """The mode `--distribution` names, `auto` resolved; and why.
-
-    `auto` looks at how the process was started: by horovodrun or mpirun
-    with several ranks (their rank variables) it is `horovod`; as the
-    coordinator of a `TF_CONFIG` cluster with ps tasks, `parameter_server`;
-    in a `TF_CONFIG` cluster of several workers and no ps, `multi_worker`;
-    otherwise `mirrored` or `default` by the devices, which only
-    `make_mode` knows (returned as `auto`).
-
-    Args:
-      distribution: the resolved `--distribution` value.
-      preset: the run's `--preset`, named as the reason when it set the mode.
-
-    Returns:
-      `(name, reason)`.
-
-    Raises:
-      UserInputError: a mode that contradicts the launcher (one process of
-        several started by horovodrun told to train on its own).
-    """
-    ranks, variable = launcher_world_size()
-    if ranks > 1 and distribution not in (*HOROVOD_DISTRIBUTIONS, "auto"):
-        raise UserInputError(
-            f"--distribution={distribution} in one of {ranks} processes "
-            f"started by horovodrun/mpirun ({variable}={ranks}): each would "
-            "train on its own into the same --log_root; use "
-            "--distribution=horovod or averaging (or leave it at auto)"
-        )
-    if distribution != "auto":
-        if PRESETS.get(preset, {}).get("distribution") == distribution:
-            return distribution, f"--preset={preset}"
-        return distribution, "--distribution"
-    if ranks > 1:
-        return "horovod", f"started as one of {ranks} ranks ({variable})"
-    if "ps" in read_tf_config().get("cluster", {}):
-        return "parameter_server", "TF_CONFIG names ps tasks"
-    workers = tf_config_workers()
-    if workers > 1:
-        return "multi_worker", f"TF_CONFIG names {workers} workers, no ps"
-    return "auto", "one process"
-
-
-def _check_finite(config):
-    for group in GROUPS:
-        for name, value in dataclasses.asdict(getattr(config, group)).items():
-            numbers = value if isinstance(value, tuple) else (value,)
-            for number in numbers:
-                if isinstance(number, float) and not math.isfinite(number):
-                    raise UserInputError(
-                        f"--{name}={value}: must be a finite number"
-                    )
-
-
 def validate(config):
-    """Rejects contradictory or out-of-range settings with one message."""
-    _check_finite(config)
+    """Rejects contradictory or out-of-range settings with one message.
+
+    Each group against its schema (finite numbers, choices, bounds), then
+    what ties fields together, then the engine's own constraints.
+    """
+    for group in GROUPS:
+        schema.check(getattr(config, group))
     data, run, optim = config.data, config.run, config.optim
     model, dist = config.model, config.distribution
-    if run.mode not in MODES:
-        raise UserInputError(
-            f"--mode={run.mode}: expected one of {', '.join(MODES)}"
-        )
     if run.eval_once and run.mode != "eval":
         raise UserInputError("--eval_once only makes sense with --mode=eval")
     for name in ("export_dir", "checkpoint"):
@@ -603,26 +671,13 @@ def validate(config):
             "its eval.csv and learning curve in --eval_dir, and would "
             "overwrite the training run's; give it a directory of its own"
         )
-    if dist.distribution not in DISTRIBUTIONS:
-        raise UserInputError(
-            f"unknown --distribution={dist.distribution}; known: "
-            f"{', '.join(DISTRIBUTIONS)}"
-        )
-    _check_multi_worker(dist)
-    if config.runtime.dtype not in DTYPES:
-        raise UserInputError(
-            f"unknown --dtype={config.runtime.dtype}; known: "
-            f"{', '.join(DTYPES)}"
-        )
-    _check_choices(config)
+    engine = engines.ENGINES.get(dist.distribution)
+    if engine and engine.check:
+        engine.check(dist)
     # Export reads the checkpoint and the saved plan, no data.
     if not dist.is_server_task and run.mode != "export":
         _check_data(data, run)
-    if optim.batch_size <= 0:
-        raise UserInputError(
-            f"--batch_size must be positive, got {optim.batch_size}"
-        )
-    if model.sync_bn and dist.distribution in HOROVOD_DISTRIBUTIONS:
+    if model.sync_bn and engine and engine.per_process:
         # Keras' synchronized BN all-reduces over tf.distribute replicas only;
         # under Horovod it would silently normalise each rank on its own.
         raise UserInputError(
@@ -646,55 +701,6 @@ def validate(config):
             f"{who} fine-tunes ImageNet weights: pass --pretrained=PATH "
             "(e.g. torchvision's resnet18-f37072fd.pth)"
         )
-
-
-def _check_multi_worker(dist):
-    if dist.collective_timeout_secs <= 0:
-        raise UserInputError(
-            f"--collective_timeout_secs={dist.collective_timeout_secs}: "
-            "must be positive"
-        )
-    if dist.distribution != "multi_worker":
-        return
-    if dist.ps_hosts or dist.job_name:
-        raise UserInputError(
-            "--distribution=multi_worker has no ps and no job names: drop "
-            "--ps_hosts/--job_name (the cluster is --worker_hosts with "
-            "--task_index, TF_CONFIG or Slurm)"
-        )
-    if dist.cpu_replicas > 1:
-        raise UserInputError(
-            "--cpu_replicas is for --distribution=mirrored; a multi_worker "
-            "worker runs one replica per GPU, or one on its CPU"
-        )
-
-
-def _check_choices(config):
-    optim = config.optim
-    for name, value, choices in (
-        ("lr_schedule", optim.lr_schedule, LR_SCHEDULES),
-        ("eval_tta", optim.eval_tta, EVAL_TTA),
-        ("normalization", config.data.normalization, NORMALIZATIONS),
-    ):
-        if value not in choices:
-            raise UserInputError(
-                f"unknown --{name}={value}; known: {', '.join(choices)}"
-            )
-    for name, inside, interval in (
-        ("label_smoothing", lambda v: 0 <= v < 1, "[0, 1)"),
-        ("ema_decay", lambda v: 0 <= v < 1, "[0, 1)"),
-        ("final_lr_fraction", lambda v: 0 <= v <= 1, "[0, 1]"),
-        ("warmup_fraction", lambda v: 0 <= v <= 1, "[0, 1]"),
-    ):
-        if not inside(getattr(optim, name)):
-            raise UserInputError(
-                f"--{name}={getattr(optim, name)}: must be in {interval}"
-            )
-    for name in ("mixup_alpha", "cutmix_alpha", "cutout_size"):
-        if getattr(optim, name) < 0:
-            raise UserInputError(
-                f"--{name}={getattr(optim, name)}: must not be negative"
-            )
 
 
 def _check_data(data, run):

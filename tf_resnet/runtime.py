@@ -14,7 +14,7 @@ import os
 import keras
 import tensorflow as tf
 
-from tf_resnet import config as config_lib
+from tf_resnet import engines
 from tf_resnet.errors import UserInputError
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
@@ -124,16 +124,12 @@ def start(config):
     )
     policy = resolve_dtype(runtime.dtype)
     keras.config.set_dtype_policy(policy)
-    distribution, reason = config_lib.resolve_distribution(
-        dist.distribution, config.preset
-    )
+    distribution, reason = engines.resolve(dist.distribution, config.preset)
     devices = None
     # Horovod ranks pin their device by local rank once Horovod runs; ps
     # and worker tasks and the ps coordinator use the cluster's devices.
-    if not dist.is_server_task and distribution not in (
-        *config_lib.HOROVOD_DISTRIBUTIONS,
-        "parameter_server",
-    ):
+    own = distribution != "auto" and engines.get(distribution).own_devices
+    if not dist.is_server_task and not own:
         devices = configure_devices(dist.num_gpus, dist.cpu_replicas)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()

@@ -51,7 +51,7 @@ def set_cycle_time():
 
     Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
     1 ms default it takes CPU from ranks that share the cores (measured in
-    bench/README.md, "Horovod cycle time"). An explicit `horovodrun
+    bench/README.md, "What each change moved"). An explicit `horovodrun
     --cycle-time-ms` (the same variable) still wins.
     """
     if not tf.config.list_physical_devices("GPU"):
@@ -134,3 +134,15 @@ class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
     def average_in_place(self, variables):
         """One fused Horovod all-reduce of all of them."""
         average_in_place(variables)
+
+
+def make_mode(global_batch, dist, devices):
+    """`--distribution=horovod`; the rank pins its device by local rank."""
+    del dist, devices
+    return HorovodMode(global_batch)
+
+
+def make_averaging_mode(global_batch, dist, devices):
+    """`--distribution=averaging` on Horovod ranks."""
+    del devices
+    return HorovodAveragingMode(global_batch, dist.average_every)

@@ -37,7 +37,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_resnet.config import read_tf_config
+from tf_resnet.detect import read_tf_config
 from tf_resnet.distribute import averaging, base, tf_strategy
 from tf_resnet.errors import UserInputError
 
@@ -359,19 +359,21 @@ def _worker_index(resolver):
     return offset + (resolver.task_id or 0)
 
 
-def make_mode(config, global_batch):
+def make_mode(global_batch, config, devices):
     """The mode for `config.DistributionConfig`; first TF work of the run."""
+    del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     strategy = make_strategy(resolver, config.collective_timeout_secs)
     return MultiWorkerMode(strategy, global_batch)
 
 
-def make_averaging_mode(config, global_batch):
+def make_averaging_mode(global_batch, config, devices):
     """`--distribution=averaging` in this cluster; first TF work of the run.
 
     One device per worker: with GPUs, worker i takes GPU i modulo their
     number (one worker per GPU of each machine, numbered host by host).
     """
+    del devices
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet.config import SERVER_JOBS, DistributionConfig, read_tf_config
+from tf_resnet.detect import SERVER_JOBS, is_server_task, read_tf_config
 from tf_resnet.distribute import base
 from tf_resnet.errors import UserInputError
 
@@ -108,16 +108,15 @@ def _check_task(cluster, job_name, task_index, source):
 def server_task(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
     """The resolver of this process if it is a ps or worker task, else None.
 
-    Which processes are tasks is `config.DistributionConfig.is_server_task`
-    (`--job_name=ps|worker`, or a `TF_CONFIG` naming such a task of a
-    cluster with ps); this adds the checks of the flags that name one.
+    Which processes are tasks is `detect.is_server_task` (`--job_name=ps|
+    worker`, or a `TF_CONFIG` naming such a task of a cluster with ps);
+    this adds the checks of the flags that name one.
     """
     if job_name and job_name not in (*SERVER_JOBS, "chief"):
         raise UserInputError(
             f"--job_name={job_name}: expected ps, worker or chief"
         )
-    role = DistributionConfig(job_name=job_name or None)
-    if not role.is_server_task:
+    if not is_server_task(job_name):
         return None
     if not job_name:
         return cluster_resolver()
@@ -148,6 +147,28 @@ def run_server(resolver):
         server.target,
     )
     server.join()
+
+
+def serve(dist):
+    """Serves until killed if this process is a ps or worker task.
+
+    Args:
+      dist: the `config.DistributionConfig`.
+
+    Returns:
+      False for the coordinator (and any process outside a ps cluster).
+    """
+    resolver = server_task(**dist.cluster)
+    if resolver is None:
+        return False
+    run_server(resolver)
+    return True
+
+
+def make_mode(global_batch, dist, devices):
+    """The coordinator's mode; the cluster decides the devices."""
+    del devices
+    return ParameterServerMode(cluster_resolver(**dist.cluster), global_batch)
 
 
 class ParameterServerMode(base.DistributionMode):

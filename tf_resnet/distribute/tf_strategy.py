@@ -54,3 +54,19 @@ def mirrored_mode(global_batch, devices=None):
     return StrategyMode(
         tf.distribute.MirroredStrategy(devices), "mirrored", global_batch
     )
+
+
+def make_default_mode(global_batch, dist, devices):
+    """`--distribution=default`: the one device start-up chose, if any."""
+    del dist  # Start-up has placed the devices.
+    if devices:
+        return StrategyMode(
+            tf.distribute.OneDeviceStrategy(devices[0]), "default", global_batch
+        )
+    return default_mode(global_batch)
+
+
+def make_mirrored_mode(global_batch, dist, devices):
+    """`--distribution=mirrored` over the devices start-up chose."""
+    del dist
+    return mirrored_mode(global_batch, devices)

@@ -1,0 +1,160 @@
+"""One schema: every flag is generated from its config field; one registry."""
+
+import importlib
+import importlib.util
+
+import pytest
+from absl import flags
+
+from tf_resnet import config as config_lib
+from tf_resnet import engines, schema
+from tf_resnet import flags as resnet_flags
+from tf_resnet.errors import UserInputError
+
+# The flags of the original tensorflow/models resnet_main.py and of the Ray
+# example, which must keep their names.
+ORIGINAL_FLAGS = (
+    "dataset", "mode", "train_data_path", "eval_data_path", "log_root",
+    "train_dir", "eval_dir", "eval_batch_count", "eval_once", "num_gpus",
+    "image_size",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def flag_values():
+    values = flags.FlagValues()
+    resnet_flags.define_all(values)
+    return values
+
+
+def test_each_field_is_one_flag_with_its_default_help_and_choices(
+    flag_values,
+):
+    fields = config_lib.fields()
+    assert sorted(flag_values) == sorted(f.name for f in fields)
+    assert set(ORIGINAL_FLAGS) <= set(flag_values)
+    for field in fields:
+        flag = flag_values[field.name]
+        default = flag.default
+        if isinstance(field.default, tuple):
+            default = tuple(default)
+        assert default == field.default, field.name
+        assert flag.help.endswith(field.metadata["help"]), field.name
+        allowed = schema.choices(field)
+        assert getattr(flag.parser, "enum_values", None) == (
+            list(allowed) if allowed else None
+        ), field.name
+
+
+def test_parsed_flags_fill_the_config(flag_values, tmp_path):
+    flag_values(
+        [
+            "resnet_main.py",
+            "--train_data_path=a",
+            "--eval_data_path=b",
+            f"--log_root={tmp_path}",
+            "--lr_decay_fractions=0.3,0.6",
+            "--noshuffle",
+            "--worker_hosts=h:1,h:2",
+            "--distribution=multi_worker",
+        ]
+    )
+    try:
+        config = resnet_flags.config_from_flags(flag_values)
+    finally:
+        flag_values.unparse_flags()
+    assert config.optim.lr_decay_fractions == (0.3, 0.6)
+    assert config.data.shuffle is False
+    assert config.distribution.worker_hosts == ("h:1", "h:2")
+    assert config.run.eval_dir == str(tmp_path / "eval")
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"label_smoothing": 1.0}, "--label_smoothing must be in [0, 1), got"),
+        ({"warmup_fraction": 1.5}, "--warmup_fraction must be in [0, 1], got"),
+        ({"cutout_size": -1}, "--cutout_size must be non-negative, got -1"),
+        ({"average_every": 0}, "--average_every must be at least 1, got 0"),
+        ({"lr_schedule": "linear"}, "unknown --lr_schedule=linear; known:"),
+        ({"distribution": "ray"}, "unknown --distribution=ray; known: auto"),
+        ({"momentum": float("nan")}, "--momentum=nan: must be a finite"),
+    ],
+)
+def test_bounds_and_choices_come_from_the_schema(values, message):
+    config = config_lib.make_config(
+        train_data_path="x", eval_data_path="y", **values
+    )
+    with pytest.raises(UserInputError) as error:
+        config_lib.validate(config)
+    assert message in str(error.value)
+
+
+def test_the_eval_job_has_its_own_default_dir(tmp_path):
+    train = config_lib.make_config(log_root=str(tmp_path))
+    job = config_lib.make_config(log_root=str(tmp_path), mode="eval")
+    assert train.run.eval_dir == str(tmp_path / "eval")
+    assert job.run.eval_dir == str(tmp_path / "eval_job")
+
+
+def test_the_registry_names_every_distribution_and_its_factories():
+    field = {f.name: f for f in config_lib.fields()}["distribution"]
+    assert schema.choices(field) == engines.DISTRIBUTIONS
+    assert ("auto", *engines.ENGINES) == engines.DISTRIBUTIONS
+    dist = config_lib.DistributionConfig()
+    for engine in engines.ENGINES.values():
+        paths = [engine.factory_path(dist)]
+        paths += [engine.server] if engine.server else []
+        for path in paths:
+            module, function = path.split(":")
+            if not engines.installed(engine):
+                assert importlib.util.find_spec(module) is not None
+                continue
+            assert callable(getattr(importlib.import_module(module), function))
+        if engine.launcher:
+            launcher = f"tf_resnet.launch.{engine.launcher}"
+            assert importlib.util.find_spec(launcher) is not None
+
+
+def _no_launcher(monkeypatch):
+    for name in (
+        "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "TF_CONFIG",
+        "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+    ):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_auto_recognises_a_slurm_job_step_of_several_tasks(monkeypatch):
+    _no_launcher(monkeypatch)
+    dist = config_lib.DistributionConfig()
+    assert engines.resolve("auto") == ("auto", "one process")
+    assert engines.averaging_transport(dist)[0] == "horovod"
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # A batch script's shell.
+    assert engines.resolve("auto")[0] == "auto"
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
+    reason = "a Slurm job step of 4 tasks (srun)"
+    assert engines.resolve("auto") == ("multi_worker", reason)
+    assert engines.averaging_transport(dist) == ("multi_worker", reason)
+    monkeypatch.setenv("HOROVOD_SIZE", "4")  # horovodrun's ranks win.
+    assert engines.resolve("auto")[0] == "horovod"
+
+
+def test_per_process_engines_refuse_sync_bn_and_several_devices():
+    per_process = [n for n, e in engines.ENGINES.items() if e.per_process]
+    assert per_process == ["horovod", "averaging"]
+    for name in engines.ENGINES:
+        config = config_lib.make_config(
+            distribution=name,
+            sync_bn=True,
+            train_data_path="x",
+            eval_data_path="y",
+        )
+        if name in per_process:
+            with pytest.raises(UserInputError, match="--sync_bn is not"):
+                config_lib.validate(config)
+            two = config_lib.DistributionConfig(name, cpu_replicas=2)
+            with pytest.raises(UserInputError, match="one .* per .*"):
+                engines.ENGINES[name].check(two)
+        elif name != "parameter_server":  # Which needs a cluster.
+            config_lib.validate(config)
