@@ -1,7 +1,8 @@
 """The two requirement sets: pinned with Horovod, newest without.
 
-CI runs the suite on both (README, "Versions"). The Horovod tests skip only
-where Horovod cannot be installed; these checks keep that skip honest.
+CI runs the suite on both (docs/usage.md, "Versions"). The Horovod tests
+skip only where Horovod cannot be installed; these checks keep that skip
+honest.
 """
 
 import os

@@ -5,9 +5,12 @@ Record layouts (https://www.cs.toronto.edu/~kriz/cifar.html):
 * CIFAR-10  (`cifar-10-batches-bin/data_batch_*.bin`): 1 label byte, then
   3072 pixel bytes; the class names are in `batches.meta.txt`.
 * CIFAR-100 (`cifar-100-binary/train.bin`): 1 coarse label byte, 1 FINE label
-  byte, then 3072 pixel bytes. We train on the fine label (byte 1); the Ray
-  example read byte 0, the coarse label, which is the bug not to repeat. The
-  fine class names are in `fine_label_names.txt`.
+  byte, then 3072 pixel bytes. We train on the fine label (byte 1) and take
+  the pixels from byte 2. The Ray example's CIFAR-100 reader also read the
+  fine label at byte 1, but took its pixels from byte 1 as well, one byte
+  early: every image was shifted by one byte (its first byte the fine
+  label) and lost its last pixel byte. The fine class names are in
+  `fine_label_names.txt`.
 
 Pixels are three 32x32 planes, R then G then B, each row-major.
 
