@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up tf-resnet and runs its jobs. Idempotent and cached: the virtualenv
 # and the horovod wheel live under ~/.cache/tf-resnet, keyed by a hash of
-# the requirement files, so a second run (or CI on the same machine) reuses
-# them.
+# the requirement files' requirements (not their comments), so a second run
+# (or CI on the same machine) reuses them.
 #
 #   ./setup.sh demo   # set up, then train + evaluate on generated data (offline)
 #   ./setup.sh test   # set up, then lint and run the test suite
@@ -18,7 +18,8 @@ CACHE=${TF_RESNET_CACHE:-$HOME/.cache/tf-resnet}
 PYTHON=${PYTHON:-python3}
 HOROVOD_VERSION=$(sed -n 's/^horovod==//p' "$REQUIREMENTS")
 TF_PIN=$(grep -E '^tensorflow(-cpu|\[and-cuda\])?==' "$REQUIREMENTS")
-KEY=$(cat "$REQUIREMENTS" requirements-dev.txt | sha256sum | cut -c1-12)
+KEY=$(grep -hv '^[[:space:]]*\(#\|$\)' "$REQUIREMENTS" requirements-dev.txt |
+  sha256sum | cut -c1-12)
 VENV=${TF_RESNET_VENV:-$CACHE/venv-$KEY}
 WHEELS=$CACHE/wheels/horovod-$HOROVOD_VERSION-${TF_PIN//[^A-Za-z0-9.]/_}
 
