@@ -103,3 +103,110 @@ def multi_worker_cluster(worker_hosts=()):
     if tasks > 1:
         return f"a Slurm job step of {tasks} tasks (srun)"
     return None
+
+
+# Who started the processes of this node, and the variables that give each
+# its local rank and the node's count: horovodrun, Open MPI, the
+# `LOCAL_RANK` convention of torchrun (which this project's launchers
+# follow), a Slurm job step.
+_LOCAL_VARIABLES = (
+    ("horovodrun", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    ("mpirun", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("the launcher", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+
+
+def local_process(task_index=0):
+    """`(local_rank, local_size, source)` of this process on its node.
+
+    From the launcher's variables; else Slurm's (`SLURM_LOCALID` and the
+    tasks of this node); else, in a PBS job, this task's host counted in
+    `$PBS_NODEFILE` (one line per slot; the slot is pbsdsh's
+    `PBS_VNODENUM`, else `task_index`); else one process on its node.
+    """
+    for source, rank, size in _LOCAL_VARIABLES:
+        if os.environ.get(rank, "").isdigit():
+            return int(os.environ[rank]), _int(size, 1), source
+    if os.environ.get("SLURM_LOCALID", "").isdigit():
+        return int(os.environ["SLURM_LOCALID"]), _slurm_node_tasks(), "Slurm"
+    nodefile = os.environ.get("PBS_NODEFILE", "")
+    if nodefile and os.path.isfile(nodefile):
+        with open(nodefile, encoding="utf-8") as stream:
+            slots = [line.strip() for line in stream if line.strip()]
+        slot = _int("PBS_VNODENUM", task_index)
+        if 0 <= slot < len(slots):
+            host = slots[slot]
+            rank = slots[:slot].count(host)
+            return rank, slots.count(host), "PBS_NODEFILE"
+    return 0, 1, "one process"
+
+
+def _int(variable, default):
+    value = os.environ.get(variable, "")
+    return int(value) if value.isdigit() else default
+
+
+def _slurm_node_tasks():
+    """Tasks of this job step on this node (`SLURM_STEP_TASKS_PER_NODE`).
+
+    Reads like `4(x2),2`: 4 tasks on each of the first two nodes, then 2;
+    `SLURM_NODEID` picks this node's entry.
+    """
+    text = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get(
+        "SLURM_TASKS_PER_NODE", ""
+    )
+    counts = []
+    for item in filter(None, text.split(",")):
+        count, _, times = item.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    node = _int("SLURM_NODEID", 0)
+    if node < len(counts):
+        return counts[node]
+    return _int("SLURM_NTASKS_PER_NODE", 1)
+
+
+def gpu_ids(count):
+    """How CUDA numbers the `count` GPUs TensorFlow sees, in its order.
+
+    `CUDA_VISIBLE_DEVICES` (which Slurm sets from the job's GPUs) renumbers
+    them: with `3,5`, TensorFlow's GPU 0 is the node's GPU 3. Without it,
+    Slurm's `SLURM_STEP_GPUS`/`SLURM_JOB_GPUS`, else `0..count-1`.
+    """
+    for variable in (
+        "CUDA_VISIBLE_DEVICES",
+        "SLURM_STEP_GPUS",
+        "SLURM_JOB_GPUS",
+    ):
+        ids = [i for i in os.environ.get(variable, "").split(",") if i]
+        if len(ids) >= count:
+            return tuple(ids[:count])
+    return tuple(str(i) for i in range(count))
+
+
+def server_job(job_name=None):
+    """`ps` or `worker` for a task that only serves, else None."""
+    if job_name:
+        return job_name if job_name in SERVER_JOBS else None
+    if is_server_task():
+        return read_tf_config()["task"]["type"]
+    return None
+
+
+def processes_in_sync(distribution, worker_hosts=()):
+    """Processes whose replicas one step of the engine spans.
+
+    Horovod ranks; the workers of a multi-worker or parameter-server
+    cluster (`--worker_hosts`, `TF_CONFIG`, a Slurm job step); else 1.
+    """
+    ranks, _ = launcher_world_size()
+    if ranks > 1:
+        return ranks
+    if distribution not in ("multi_worker", "averaging", "parameter_server"):
+        return 1
+    if worker_hosts:
+        return len(worker_hosts)
+    cluster = read_tf_config().get("cluster", {})
+    workers = len(cluster.get("worker", []))
+    if distribution != "parameter_server":
+        workers += len(cluster.get("chief", []))
+    return workers or slurm_step_tasks() or 1

@@ -39,15 +39,17 @@ class Engine:
       factory: `"module:function"` making the mode from `(global_batch,
         dist, devices)`; or a function of the `DistributionConfig` that
         returns one (an engine carried by one of several transports).
-      recognise: `() -> reason or None`: whether `auto` picks it here.
+      recognise: `(dist or None) -> reason or None`: whether `auto` picks
+        it for this process.
       check: `(dist) -> None`, raising `UserInputError` on settings that
         contradict the engine.
       launcher: module of `tf_resnet.launch` that starts its processes.
+      update: whose replicas' gradients make one optimizer update: `all`
+        in sync (synchronous SGD), this `process` only (local steps), or
+        one `worker` of an asynchronous cluster.
       per_process: one process per replica, each its own model (Horovod
         ranks or workers of `launch.multi_worker`), not tf.distribute
         replicas in one process.
-      own_devices: the mode places its devices itself (by local rank, or
-        by the cluster), so start-up leaves them alone.
       needs: a package the factory imports that a requirement set lacks.
       without_needs: what to run instead where `needs` is missing.
       server: `"module:function"` of `(dist) -> bool`: serves until killed
@@ -60,8 +62,8 @@ class Engine:
     recognise: Callable | None = None
     check: Callable | None = None
     launcher: str | None = None
+    update: str = "all"
     per_process: bool = False
-    own_devices: bool = False
     needs: str | None = None
     without_needs: str = ""
     server: str | None = None
@@ -73,14 +75,17 @@ class Engine:
         return self.factory
 
 
-def _horovod_ranks():
+def _horovod_ranks(dist):
+    del dist
     ranks, variable = detect.launcher_world_size()
     if ranks > 1:
         return f"started as one of {ranks} ranks ({variable})"
     return None
 
 
-def _parameter_server_cluster():
+def _parameter_server_cluster(dist):
+    if dist is not None and detect.server_job(dist.job_name):
+        return f"--job_name={dist.job_name}"
     return "TF_CONFIG names ps tasks" if detect.tf_config_has_ps() else None
 
 
@@ -164,7 +169,6 @@ ENGINES = {
             check=_one_device_per_process,
             launcher="horovod",
             per_process=True,
-            own_devices=True,
             needs="horovod",
         ),
         Engine(
@@ -173,8 +177,8 @@ ENGINES = {
             _averaging_factory,
             check=_check_averaging,
             launcher="multi_worker",
+            update="process",
             per_process=True,
-            own_devices=True,
             needs="horovod",
             without_needs="or run the workers without it: python -m "
             "tf_resnet.launch.multi_worker --np=N -- "
@@ -186,14 +190,14 @@ ENGINES = {
             "tf_resnet.distribute.parameter_server:make_mode",
             recognise=_parameter_server_cluster,
             launcher="ps",
-            own_devices=True,
+            update="worker",
             server="tf_resnet.distribute.parameter_server:serve",
         ),
         Engine(
             "multi_worker",
             "synchronous all-reduce with MultiWorkerMirroredStrategy",
             "tf_resnet.distribute.multi_worker:make_mode",
-            recognise=lambda: detect.multi_worker_cluster(),
+            recognise=lambda dist: detect.multi_worker_cluster(),
             check=_check_multi_worker,
             launcher="multi_worker",
         ),
@@ -219,7 +223,7 @@ def get(name):
     return ENGINES[name]
 
 
-def resolve(distribution, preset=None):
+def resolve(distribution, preset=None, dist=None):
     """The engine `--distribution` names, `auto` resolved; and why.
 
     `auto` asks each engine in turn whether the process was started for it
@@ -229,6 +233,7 @@ def resolve(distribution, preset=None):
     Args:
       distribution: the resolved `--distribution` value.
       preset: the run's `--preset`, named as the reason when it set it.
+      dist: the `config.DistributionConfig`, for flags that name a task.
 
     Returns:
       `(name, reason)`.
@@ -251,7 +256,7 @@ def resolve(distribution, preset=None):
             return distribution, f"--preset={preset}"
         return distribution, "--distribution"
     for engine in ENGINES.values():
-        reason = engine.recognise() if engine.recognise else None
+        reason = engine.recognise(dist) if engine.recognise else None
         if reason:
             return engine.name, reason
     return "auto", "one process"

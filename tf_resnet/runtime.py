@@ -4,8 +4,8 @@ Thread pools, the device list and logical CPU devices are fixed the moment
 TensorFlow creates its runtime, and the Keras dtype policy applies to the
 layers built after it is set; so `start` runs before any model, dataset or
 strategy exists. `resnet_main.py` and the benchmarks call it; settings that
-belong to one distribution mode (Horovod's cycle time, its GPU pinning by
-local rank) live with that mode.
+belong to one distribution mode (Horovod's cycle time) live with that
+mode. Every engine's devices come from one plan (`devices.plan`).
 """
 
 import dataclasses
@@ -14,8 +14,7 @@ import os
 import keras
 import tensorflow as tf
 
-from tf_resnet import engines
-from tf_resnet.errors import UserInputError
+from tf_resnet import detect, devices, engines
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without
@@ -33,12 +32,14 @@ class Started:
         tells; `auto` left for `make_mode` to choose by devices).
       reason: why that mode (for the start line).
       devices: devices to replicate over, `None` for the default device.
+      plan: the `devices.Plan` they come from.
     """
 
     dtype_policy: str
     distribution: str
     reason: str
     devices: list | None
+    plan: devices.Plan
 
 
 def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
@@ -74,36 +75,53 @@ def resolve_dtype(name):
     return "float32"
 
 
-def configure_devices(num_gpus, cpu_replicas=1):
-    """Checks GPUs and splits the CPU into logical devices if asked.
+def node_view(task_index=0):
+    """What this process sees of its node: `devices.Node`."""
+    count = len(tf.config.list_physical_devices("GPU"))
+    rank, size, source = detect.local_process(task_index)
+    return devices.Node(detect.gpu_ids(count), rank, size, source)
 
-    Args:
-      num_gpus: GPUs to use; more than are visible is an error.
-      cpu_replicas: logical CPU devices to create (for testing Mirrored
-        training on a CPU-only machine).
+
+def device_plan(config, distribution):
+    """This process's `devices.Plan` under the resolved engine."""
+    dist = config.distribution
+    return devices.plan(
+        distribution,
+        dist.num_gpus,
+        dist.cpu_replicas,
+        node_view(dist.task_index),
+        detect.server_job(dist.job_name),
+    )
+
+
+def apply_plan(plan):
+    """Hands a device plan to TensorFlow, before it initialises.
+
+    Keeps the plan's GPUs visible (with memory growth, so processes sharing
+    a GPU in tests do not each reserve all of it), hides the others, and
+    splits the CPU into logical devices if asked.
 
     Returns:
       The device names to replicate over, or `None` for the default device.
     """
     gpus = tf.config.list_physical_devices("GPU")
-    if num_gpus > len(gpus):
-        raise UserInputError(
-            f"--num_gpus={num_gpus} but {len(gpus)} GPU(s) are visible "
-            "to TensorFlow"
-        )
-    if num_gpus:
-        for gpu in gpus[:num_gpus]:
-            tf.config.experimental.set_memory_growth(gpu, True)
-        tf.config.set_visible_devices(gpus[:num_gpus], "GPU")
-        return [f"/gpu:{index}" for index in range(num_gpus)]
-    if cpu_replicas > 1:
+    kept = [gpus[index] for index in plan.gpus]
+    for gpu in kept:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(kept, "GPU")
+    if plan.cpu_replicas > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * cpu_replicas
+            cpu, [tf.config.LogicalDeviceConfiguration()] * plan.cpu_replicas
         )
-        return [f"/cpu:{index}" for index in range(cpu_replicas)]
-    tf.config.set_visible_devices([], "GPU")
-    return None
+    return plan.device_names
+
+
+def configure_devices(num_gpus, cpu_replicas=1):
+    """The devices of one process on its own (benchmarks, tests)."""
+    return apply_plan(
+        devices.plan("mirrored", num_gpus, cpu_replicas, node_view())
+    )
 
 
 def start(config):
@@ -124,13 +142,11 @@ def start(config):
     )
     policy = resolve_dtype(runtime.dtype)
     keras.config.set_dtype_policy(policy)
-    distribution, reason = engines.resolve(dist.distribution, config.preset)
-    devices = None
-    # Horovod ranks pin their device by local rank once Horovod runs; ps
-    # and worker tasks and the ps coordinator use the cluster's devices.
-    own = distribution != "auto" and engines.get(distribution).own_devices
-    if not dist.is_server_task and not own:
-        devices = configure_devices(dist.num_gpus, dist.cpu_replicas)
+    distribution, reason = engines.resolve(
+        dist.distribution, config.preset, dist
+    )
+    plan = device_plan(config, distribution)
+    names = apply_plan(plan)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
-    return Started(policy, distribution, reason, devices)
+    return Started(policy, distribution, reason, names, plan)

@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from tf_resnet.distribute import averaging, base
 from tf_resnet.distribute.averaging import float_variables
-from tf_resnet.errors import UserInputError
 
 
 def tf_variables(variables):
@@ -58,21 +57,6 @@ def set_cycle_time():
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 
 
-def _pin_device():
-    """One GPU per rank (by local rank) when there are GPUs, else the CPU."""
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        return
-    if hvd.local_rank() >= len(gpus):
-        raise UserInputError(
-            f"{hvd.local_size()} Horovod ranks on this host but only "
-            f"{len(gpus)} GPU(s): launch at most one rank per GPU"
-        )
-    gpu = gpus[hvd.local_rank()]
-    tf.config.experimental.set_memory_growth(gpu, True)
-    tf.config.set_visible_devices(gpu, "GPU")
-
-
 class HorovodMode(base.DistributionMode):
     """Synchronous SGD: gradients summed over all ranks every step."""
 
@@ -80,8 +64,7 @@ class HorovodMode(base.DistributionMode):
 
     def __init__(self, global_batch):
         set_cycle_time()
-        hvd.init()
-        _pin_device()
+        hvd.init()  # Its GPU is the local rank's: `devices.plan`.
         self.num_replicas = hvd.size()
         self.replicas_per_update = hvd.size()
         self.is_chief = hvd.rank() == 0

@@ -107,11 +107,12 @@ def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=8888):
 
 
 def _slurm_resolver(port):
-    """One worker per Slurm task; on CPU-only nodes no GPU is assigned.
+    """One worker per Slurm task; the resolver places no GPU.
 
-    `SlurmClusterResolver` numbers a node's tasks by its GPUs and asks
-    `nvidia-smi` for them; without GPUs it is given one slot per task
-    and told not to set `CUDA_VISIBLE_DEVICES`.
+    `SlurmClusterResolver` would number a node's tasks by its GPUs (asking
+    `nvidia-smi`) and set `CUDA_VISIBLE_DEVICES`; the devices are the
+    device plan's (`devices.plan`, by `SLURM_LOCALID`), so it is given one
+    slot per task and told not to.
     """
     missing = [name for name in SLURM_VARIABLES if name not in os.environ]
     if missing:
@@ -119,13 +120,9 @@ def _slurm_resolver(port):
             f"SLURM_PROCID is set but {', '.join(missing)} is not: run each "
             "worker as a task of one job step (srun)"
         )
-    gpus = len(tf.config.list_physical_devices("GPU"))
-    options = {"gpus_per_node": gpus} if gpus else {}
-    if not gpus:
-        slots = int(os.environ["SLURM_STEP_NUM_TASKS"])
-        options = {"gpus_per_node": slots, "gpus_per_task": 1}
+    slots = int(os.environ["SLURM_STEP_NUM_TASKS"])
     return tf.distribute.cluster_resolver.SlurmClusterResolver(
-        port_base=port, auto_set_gpu=bool(gpus), **options
+        port_base=port, gpus_per_node=slots, gpus_per_task=1, auto_set_gpu=False
     )
 
 
@@ -370,16 +367,10 @@ def make_mode(global_batch, config, devices):
 def make_averaging_mode(global_batch, config, devices):
     """`--distribution=averaging` in this cluster; first TF work of the run.
 
-    One device per worker: with GPUs, worker i takes GPU i modulo their
-    number (one worker per GPU of each machine, numbered host by host).
+    One device per worker: the local rank's GPU (`devices.plan`).
     """
     del devices
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        gpu = gpus[_worker_index(resolver) % len(gpus)]
-        tf.config.set_visible_devices(gpu, "GPU")
-        tf.config.experimental.set_memory_growth(gpu, True)
     strategy = make_strategy(resolver, config.collective_timeout_secs)
     return MultiWorkerAveragingMode(
         strategy, global_batch, config.average_every

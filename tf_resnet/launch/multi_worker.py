@@ -93,7 +93,13 @@ def worker_commands(main, main_flags, num_workers):
             "cluster": {"worker": hosts},
             "task": {"type": "worker", "index": index},
         }
-        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
+        env = {
+            **os.environ,
+            "TF_CONFIG": json.dumps(tf_config),
+            # All workers share this machine: each takes its own device.
+            "LOCAL_RANK": str(index),
+            "LOCAL_WORLD_SIZE": str(num_workers),
+        }
         commands[f"worker {index} at {host}"] = (command, env)
     return commands
 

@@ -133,11 +133,20 @@ class Cluster:
         self.coordinator = None
 
     def start_server(self, job, index):
-        """Starts (or restarts) task `index` of `job` at its address."""
+        """Starts (or restarts) task `index` of `job` at its address.
+
+        The tasks of a job share this machine: each is told its local rank
+        among them, so a worker takes its own device.
+        """
+        env = {
+            **self.env,
+            "LOCAL_RANK": str(index),
+            "LOCAL_WORLD_SIZE": str(len(self.addresses[job])),
+        }
         self.servers[(job, index)] = self.tasks.start(
             f"{job} {index} at {self.addresses[job][index]}",
             [*self.command, f"--job_name={job}", f"--task_index={index}"],
-            self.env,
+            env,
         )
 
     def start_servers(self, timeout, signals):
@@ -275,6 +284,25 @@ def _await_exit(process, timeout):
         process.wait()
 
 
+def dry_run(args):
+    """Every task prints its plan and exits: no server waits for the others.
+
+    Returns:
+      The first non-zero exit code of a task, else 0.
+    """
+    cluster = Cluster(args.main, args.main_flags, args.num_ps, args.num_workers)
+    for job, addresses in cluster.addresses.items():
+        for index in range(len(addresses)):
+            cluster.start_server(job, index)
+    cluster.start_coordinator()
+    try:
+        tasks = [*cluster.servers.values(), cluster.coordinator]
+        codes = [task.wait() for task in tasks]
+    finally:
+        cluster.stop()
+    return next((code for code in codes if code), 0)
+
+
 def main(argv=None):
     """Starts the cluster, trains, stops it; returns the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -282,6 +310,8 @@ def main(argv=None):
     failed = private_network.apply_network_flag(args.network, LISTENERS, log)
     if failed:
         return failed
+    if "--dry_run" in args.main_flags:
+        return dry_run(args)
     restarts = Restarts(args.max_restarts)
     while True:
         cluster = Cluster(
