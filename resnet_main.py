@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
-from tf_resnet import export, runtime, train_loop  # noqa: E402
+from tf_resnet import dry_run, export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.distribute import make_mode, serve  # noqa: E402
@@ -40,6 +40,15 @@ def run(argv):
     try:
         config = resnet_flags.config_from_flags()
         started = runtime.start(config)
+        if config.run.dry_run:
+            # One write: the lines of processes sharing a terminal or pipe
+            # (launchers, srun) stay together.
+            sys.stdout.flush()
+            os.write(
+                sys.stdout.fileno(),
+                f"{dry_run.report(config, started)}\n".encode(),
+            )
+            return 0
         if config.run.mode == "export":
             export.export(config, config.run.export_dir, config.run.checkpoint)
             return 0

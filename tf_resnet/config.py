@@ -308,6 +308,11 @@ class RunConfig:
         "--mode=export: checkpoint to export, e.g. LOG_ROOT/ckpt-2000 "
         "(default: the latest in --log_root).",
     )
+    dry_run: bool = setting(
+        False,
+        "Print this process's engine, devices, replicas, batch, learning "
+        "rate and dtype policy, then exit without reading data or writing.",
+    )
 
     def __post_init__(self):
         self.train_dir = self.train_dir or os.path.join(self.log_root, "train")

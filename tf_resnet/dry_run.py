@@ -1,0 +1,59 @@
+"""`--dry_run`: what this process would run, printed instead of running it.
+
+Under any launcher each process prints its own lines: the engine and why,
+its devices and why, the replicas of one step, the per-replica and global
+batch, the learning rate after scaling and the dtype policy. Nothing is
+read, built or written. The numbers follow the modes' own definitions
+(`base.DistributionMode`: a step splits the global batch over every
+replica in sync; an update sums the gradients of `replicas_per_update`
+replicas), which `tests/test_devices.py` holds against real modes.
+"""
+
+from tf_resnet import detect, engines, schedules
+
+
+def replicas(config, started):
+    """`(replicas in sync, replicas per update, processes)` of one step."""
+    name = started.distribution
+    engine = engines.get("default" if name == "auto" else name)
+    processes = detect.processes_in_sync(name, config.distribution.worker_hosts)
+    local = started.plan.replicas
+    if engine.update == "worker":  # Asynchronous: a step is one worker's.
+        return local, local, processes
+    in_sync = processes * local
+    return in_sync, local if engine.update == "process" else in_sync, processes
+
+
+def report(config, started):
+    """The lines `--dry_run` prints for this process."""
+    dist, optim = config.distribution, config.optim
+    in_sync, per_update, processes = replicas(config, started)
+    replica_batch = optim.batch_size // in_sync
+    update_batch = replica_batch * per_update
+    rate = schedules.scaled_learning_rate(optim.learning_rate, update_batch)
+    rank, size, source = detect.local_process(dist.task_index)
+    role = detect.server_job(dist.job_name)
+    name, reason = started.distribution, started.reason
+    if name == "auto":
+        name = "mirrored" if started.plan.replicas > 1 else "default"
+        reason = f"auto: {reason} with {started.plan.replicas} device(s)"
+    return "\n".join(
+        [
+            f"dry run: process {rank} of {size} on this node ({source})"
+            + (f", {role} task" if role else ""),
+            f"  engine: {name} ({reason})",
+            f"  devices: {started.plan.describe()} ({started.plan.why})",
+            f"  replicas: {started.plan.replicas} in this process, "
+            + (
+                f"{processes} worker(s) updating asynchronously"
+                if started.distribution == "parameter_server"
+                else f"{in_sync} in sync over {processes} process(es)"
+            ),
+            f"  batch: {replica_batch} per replica, {optim.batch_size} "
+            f"global, {update_batch} per update",
+            f"  learning rate: {optim.learning_rate:g} at batch "
+            f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
+            f"  dtype policy: {started.dtype_policy} "
+            f"(--dtype={config.runtime.dtype})",
+        ]
+    )
