@@ -99,14 +99,32 @@ task_flags() {
   fi
 }
 
-# A single-node task: one resnet_main.py process.
+# The GPUs the scheduler gave this node: Slurm's count, else the devices
+# CUDA_VISIBLE_DEVICES lists, else Torque's $PBS_GPUFILE (one line per GPU
+# of the job, as host-gpuN), else none.
+gpus_on_node() {
+  local ids
+  if [[ -n ${SLURM_GPUS_ON_NODE:-} ]]; then
+    echo "$SLURM_GPUS_ON_NODE"
+  elif [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
+    echo "${#ids[@]}"
+  elif [[ -n ${PBS_GPUFILE:-} && -f $PBS_GPUFILE ]]; then
+    grep -c "^$(hostname)-gpu" "$PBS_GPUFILE" || true
+  else
+    echo 0
+  fi
+}
+
+# A single-node task: one resnet_main.py process on the node's GPUs
+# (--num_gpus: one process uses only the GPUs it is asked to).
 train_single() {
   local preset=$1 flags
   mapfile -t flags < <(task_flags "$preset")
   cd "$REPO"
   log "$preset on $(hostname)"
   "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
-    ${EXTRA[@]+"${EXTRA[@]}"}
+    --num_gpus="$(gpus_on_node)" ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
 # Synchronous all-reduce: one process per task slot, on every node, with

@@ -5,6 +5,7 @@ the plain path computes, including the GPU-only paths that can run on a CPU
 (float16 with loss scaling).
 """
 
+import dataclasses
 import os
 import platform
 import subprocess
@@ -169,15 +170,19 @@ def test_onednn_is_on_unless_turned_off(value, on):
 def tiny_training(config, steps=4, image_size=8):
     """Losses of a few steps of ResNet-8 on one fixed batch (the loop's step).
 
+    The optimizer is the project's own (`train_loop.build_optimizer`: loss
+    scaling under mixed_float16), at a rate of 0.1 for the batch.
+
     Returns the per-step mean losses and the optimizer.
     """
     keras.utils.set_random_seed(0)
     mode = tf_strategy.default_mode(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (image_size, image_size, 3))
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    if keras.config.dtype_policy().name == "mixed_float16":
-        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-    optimizer.build(model.trainable_variables)
+    rate = 0.1 * 128 / config.optim.batch_size  # 0.1 after linear scaling.
+    config = dataclasses.replace(
+        config, optim=dataclasses.replace(config.optim, learning_rate=rate)
+    )
+    optimizer = train_loop.build_optimizer(config, mode, model, 1000)
     step = mode.make_train_step(
         train_loop.make_replica_fn(model, optimizer, mode, config)
     )

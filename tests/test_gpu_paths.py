@@ -1,0 +1,74 @@
+"""The GPU paths, as far as a machine without GPUs can check them.
+
+* The GPU requirement set resolves against the package index (pip's own
+  resolver, `--dry-run`), and pins what the pinned set pins.
+* `scripts/gpu_check.sh`, which users run on their GPUs, runs here on two
+  logical CPU devices and passes its own comparison.
+
+The device plan of each engine is `tests/test_devices.py`; mixed_float16
+through the project's optimizer builder is `tests/test_performance_flags.py`.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from tests.helpers import ROOT
+
+
+def pins(name):
+    with open(os.path.join(ROOT, name)) as stream:
+        lines = [line.split("#")[0].strip() for line in stream]
+    return dict(line.split("==") for line in lines if "==" in line)
+
+
+PINNED = pins("requirements.txt")
+
+
+@pytest.mark.skipif(
+    tf.__version__ != PINNED["tensorflow-cpu"],
+    reason="the GPU set is the pinned set's variant: resolved in its leg",
+)
+def test_the_gpu_requirement_set_resolves(tmp_path):
+    gpu = pins("requirements-gpu.txt")
+    # setup.sh builds Horovod itself (with NCCL for this set): no wheel.
+    del gpu["horovod"]
+    requirements = tmp_path / "requirements.txt"
+    requirements.write_text("".join(f"{k}=={v}\n" for k, v in gpu.items()))
+    report = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
+         "--ignore-installed", "--report", str(report),
+         "-r", str(requirements)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(report) as stream:
+        resolved = {
+            item["metadata"]["name"].lower(): item["metadata"]["version"]
+            for item in json.load(stream)["install"]
+        }
+    assert resolved["tensorflow"] == PINNED["tensorflow-cpu"]
+    assert "nvidia-cudnn-cu12" in resolved  # The [and-cuda] extra.
+    for name, version in PINNED.items():
+        if name not in ("tensorflow-cpu", "horovod"):
+            assert resolved[name.lower()] == version, name
+
+
+def test_gpu_check_runs_and_passes_without_gpus(tmp_path):
+    proc = subprocess.run(
+        [os.path.join(ROOT, "scripts", "gpu_check.sh")],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env={**os.environ, "ENGINES": "mirrored", "STEPS": "2",
+             "OUT": str(tmp_path / "out"), "PYTHON": sys.executable},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "| mirrored = default | pass |" in proc.stdout
+    assert "no GPUs: 2 logical CPU devices" in proc.stdout
+    assert (
+        "engine: mirrored" in (tmp_path / "out" / "mirrored.plan").read_text()
+    )
