@@ -40,7 +40,12 @@ def report(config, started):
     return "\n".join(
         [
             f"dry run: process {rank} of {size} on this node ({source})"
-            + (f", {role} task" if role else ""),
+            + (f", {role} task" if role else "")
+            + (
+                f", --task_index={dist.task_index}"
+                if dist.worker_hosts or dist.ps_hosts
+                else ""
+            ),
             f"  engine: {name} ({reason})",
             f"  devices: {started.plan.describe()} ({started.plan.why})",
             f"  replicas: {started.plan.replicas} in this process, "
