@@ -51,3 +51,18 @@ def test_checkpoint_of_another_model_is_refused(synthetic_cifar, tmp_path):
     assert "ckpt-1: checkpoint in --log_root" in proc.stderr
     assert "does not match this model" in proc.stderr
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_run_leaves_no_partly_read_cache(synthetic_cifar, tmp_path):
+    """The split's table is cached whole even when a pipeline stops early.
+
+    Training stops mid-epoch and `--eval_batch_count` stops an evaluation
+    early; TensorFlow discards (and says so) a cache whose input was not
+    read to its end, and the next evaluation would read its records again.
+    """
+    proc = run_main(
+        [*base_args(synthetic_cifar, tmp_path), "--train_steps=2"],
+        env={"TF_CPP_MIN_LOG_LEVEL": "0"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "did not fully read the dataset being cached" not in proc.stderr

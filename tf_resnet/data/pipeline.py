@@ -84,7 +84,10 @@ def make_pipeline(
 
     # Cached: an evaluation pipeline is iterated once per evaluation, and
     # its table (the records read, or TFDS's PNGs decoded) is built once.
-    ds = table.cache().flat_map(_no_autograph(read))
+    # The prefetch asks the cache for the element after the table's one at
+    # once, so it sees the end and keeps what it read even when a pipeline
+    # is dropped early (a training run's end, --eval_batch_count).
+    ds = table.cache().prefetch(1).flat_map(_no_autograph(read))
     ds = ds.with_options(pipeline_options())
     if element_fn is not None:
         ds = ds.batch(batch_size, drop_remainder=training)
