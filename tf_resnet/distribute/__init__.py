@@ -41,7 +41,8 @@ def make_mode(distribution, global_batch, config=None, devices=None):
       global_batch: examples of one step over all replicas of all workers.
       config: the `config.DistributionConfig` (None: defaults); checked
         against its schema and the engine's own constraints first.
-      devices: from `runtime.configure_devices` (None: default device).
+      devices: the device plan's names (`runtime.start`; None: the
+        default device).
 
     Returns:
       A `base.DistributionMode`.
