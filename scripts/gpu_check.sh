@@ -92,6 +92,11 @@ EOF
 }
 
 has_horovod() { "$PYTHON" -c 'import horovod' 2>/dev/null; }
+# The synchronous Horovod run two checks compare with, trained once.
+run_horovod_once() {
+  [[ -v status[horovod] ]] || run horovod $(launcher horovod) --np="$N" -- \
+    "${common[@]}" --distribution=horovod
+}
 main=(resnet_main.py "${common[@]}")
 launcher() { echo "$PYTHON -m tf_resnet.launch.$1"; }
 
@@ -109,8 +114,7 @@ for engine in $ENGINES; do
         rows+=("$engine|skipped|Horovod is not installed")
         continue
       fi
-      [[ -v status[horovod] ]] || run horovod $(launcher horovod) --np="$N" -- \
-        "${common[@]}" --distribution=horovod
+      run_horovod_once
       if [[ $engine == averaging ]]; then
         run averaging $(launcher horovod) --np="$N" -- "${common[@]}" \
           --distribution=averaging --learning_rate="$(awk -v n="$N" 'BEGIN { print 0.1 * n }')"
@@ -121,8 +125,7 @@ for engine in $ENGINES; do
       run multi_worker $(launcher multi_worker) --np="$N" -- "${common[@]}" \
         --distribution=multi_worker
       if has_horovod; then
-        [[ -v status[horovod] ]] || run horovod $(launcher horovod) --np="$N" -- \
-          "${common[@]}" --distribution=horovod
+        run_horovod_once
         compare multi_worker horovod
       else
         rows+=("multi_worker|$( ((status[multi_worker])) && echo FAIL || echo pass)|trained (no Horovod to compare with)")

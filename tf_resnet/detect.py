@@ -73,18 +73,8 @@ def slurm_step_tasks():
 
 
 def is_server_task(job_name=None):
-    """A ps or worker task of a parameter-server cluster: it only serves.
-
-    Named by `--job_name`, or by a `TF_CONFIG` whose cluster has a `ps`
-    job (so one written for multi-worker all-reduce is not taken for it).
-    """
-    if job_name:
-        return job_name in SERVER_JOBS
-    tf_config = read_tf_config()
-    return (
-        "ps" in tf_config.get("cluster", {})
-        and tf_config.get("task", {}).get("type") in SERVER_JOBS
-    )
+    """A ps or worker task of a parameter-server cluster: it only serves."""
+    return server_job(job_name) is not None
 
 
 def multi_worker_cluster(worker_hosts=()):
@@ -184,11 +174,17 @@ def gpu_ids(count):
 
 
 def server_job(job_name=None):
-    """`ps` or `worker` for a task that only serves, else None."""
+    """`ps` or `worker` for a task that only serves, else None.
+
+    Named by `--job_name`, or by a `TF_CONFIG` whose cluster has a `ps`
+    job (so one written for multi-worker all-reduce is not taken for it).
+    """
     if job_name:
         return job_name if job_name in SERVER_JOBS else None
-    if is_server_task():
-        return read_tf_config()["task"]["type"]
+    tf_config = read_tf_config()
+    job = tf_config.get("task", {}).get("type")
+    if "ps" in tf_config.get("cluster", {}) and job in SERVER_JOBS:
+        return job
     return None
 
 
@@ -205,8 +201,6 @@ def processes_in_sync(distribution, worker_hosts=()):
         return 1
     if worker_hosts:
         return len(worker_hosts)
-    cluster = read_tf_config().get("cluster", {})
-    workers = len(cluster.get("worker", []))
-    if distribution != "parameter_server":
-        workers += len(cluster.get("chief", []))
-    return workers or slurm_step_tasks() or 1
+    if distribution == "parameter_server":
+        return len(read_tf_config().get("cluster", {}).get("worker", [])) or 1
+    return tf_config_workers() or slurm_step_tasks() or 1

@@ -25,12 +25,8 @@ Imports no TensorFlow.
 
 import dataclasses
 
+from tf_resnet import engines
 from tf_resnet.errors import UserInputError
-
-# One process per device: the GPU is the local rank's.
-_PER_RANK = ("horovod", "averaging")
-# One process per node with all its GPUs, or one GPU each if they share it.
-_PER_NODE = ("multi_worker",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,10 +123,11 @@ def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
         return Plan(why=f"a parameter-server {role} computes nothing")
     if not visible:
         return Plan(cpu_replicas=cpu_replicas, why="no GPU visible")
-    shared = node.local_size > 1
-    if engine in _PER_RANK or (
-        shared and (engine in _PER_NODE or server_job == "worker")
-    ):
+    # One process per device (the registry's `per_process` engines), or
+    # one per node that takes all its GPUs unless several share the node.
+    per_rank = engine in engines.ENGINES and engines.get(engine).per_process
+    per_node = engine == "multi_worker" or server_job == "worker"
+    if per_rank or (per_node and node.local_size > 1):
         if node.local_size > visible:
             raise UserInputError(
                 f"{node.local_size} processes on this node ({node.source}) "
@@ -142,7 +139,7 @@ def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
             f"one GPU per process: local rank {node.local_rank} of "
             f"{node.local_size} ({node.source})",
         )
-    if engine in _PER_NODE or server_job == "worker":
+    if per_node:
         count = num_gpus or visible
         return _gpus(node, range(count), "one process on this node")
     if num_gpus:

@@ -6,7 +6,7 @@ batch, the learning rate after scaling and the dtype policy. Nothing is
 read, built or written. The numbers follow the modes' own definitions
 (`base.DistributionMode`: a step splits the global batch over every
 replica in sync; an update sums the gradients of `replicas_per_update`
-replicas), which `tests/test_devices.py` holds against real modes.
+replicas), which `tests/test_dry_run.py` holds against real modes.
 """
 
 from tf_resnet import detect, engines, schedules

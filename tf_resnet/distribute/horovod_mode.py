@@ -120,7 +120,7 @@ class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
 
 
 def make_mode(global_batch, dist, devices):
-    """`--distribution=horovod`; the rank pins its device by local rank."""
+    """`--distribution=horovod`; start-up gave the rank its device."""
     del dist, devices
     return HorovodMode(global_batch)
 

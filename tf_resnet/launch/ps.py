@@ -149,11 +149,15 @@ class Cluster:
             env,
         )
 
-    def start_servers(self, timeout, signals):
-        """Starts every ps and worker; returns once all of them serve."""
+    def start_each_server(self):
+        """Starts every ps and worker task."""
         for job, addresses in self.addresses.items():
             for index in range(len(addresses)):
                 self.start_server(job, index)
+
+    def start_servers(self, timeout, signals):
+        """Starts every ps and worker; returns once all of them serve."""
+        self.start_each_server()
         deadline = time.monotonic() + timeout
         for (job, index), process in self.servers.items():
             host, port = self.addresses[job][index].rsplit(":", 1)
@@ -291,9 +295,7 @@ def dry_run(args):
       The first non-zero exit code of a task, else 0.
     """
     cluster = Cluster(args.main, args.main_flags, args.num_ps, args.num_workers)
-    for job, addresses in cluster.addresses.items():
-        for index in range(len(addresses)):
-            cluster.start_server(job, index)
+    cluster.start_each_server()
     cluster.start_coordinator()
     try:
         tasks = [*cluster.servers.values(), cluster.coordinator]
