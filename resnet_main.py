@@ -94,6 +94,8 @@ def run(argv):
         )
         return 4
     except train_loop.TrainingInterrupted as error:
+        # 128 + its signal; a process stopped by a peer's signal exits as
+        # if it had got SIGTERM, so a job's processes end with one code.
         print(f"resnet_main: stopped: {error}", file=sys.stderr)
         return 128 + error.signum
     return 0

@@ -131,3 +131,16 @@ def sgd_step(model, optimizer, images, labels):
         zip(grads, model.trainable_variables, strict=True)
     )
     return loss
+
+
+def resnet8_flags(synthetic_cifar, log_root, *extra):
+    """Flags of a small BatchNorm network on the synthetic data."""
+    return [
+        "--dataset=cifar10",
+        f"--train_data_path={synthetic_cifar['train']}",
+        f"--eval_data_path={synthetic_cifar['eval']}",
+        f"--log_root={log_root}",
+        "--model=resnet8",
+        "--batch_size=32",
+        *extra,
+    ]

@@ -363,18 +363,25 @@ def train(config, mode):
 
     Returns:
       dict with the final `step` and last evaluation `precision`.
+
+    Raises:
+      TrainingInterrupted: a process of the run got a stop signal; every
+        process stopped at the same step, whose checkpoint is written.
     """
     split = data.split_of(config, training=True)
     plan = plan_run(config, split)
     if mode.is_chief:
         check_writable(config.run.log_root)
         with run_lock(config.run.log_root):
-            result = _train(config, mode, plan, split)
+            result, interrupted = _train(config, mode, plan, split)
     else:
-        result = _train(config, mode, plan, split)
+        result, interrupted = _train(config, mode, plan, split)
     # Only now that the run's input iterator is released (deleting one of
-    # MultiWorkerMirroredStrategy needs every worker still there).
+    # MultiWorkerMirroredStrategy needs every worker still there); after an
+    # agreed stop too, so no process leaves while the chief still saves.
     mode.end_of_run()
+    if interrupted:
+        raise interrupted
     return result
 
 
@@ -427,6 +434,7 @@ def _train(config, mode, plan, split):
     if run.steps_per_run:
         run_until = min(run_until, step + run.steps_per_run)
     last_eval = {}
+    saved_at = interrupted = None
     with (
         _StopSignal() as stop,
         contextlib.closing(evaluator),
@@ -442,22 +450,41 @@ def _train(config, mode, plan, split):
             if step % plan.checkpoint_every_steps == 0 or pause:
                 progress.log(step)
                 checkpoints.save(step)
+                saved_at = step
             # Evaluation follows the schedule only, so a run split into
             # pieces has the same eval history as an uninterrupted one.
             if step % plan.eval_every_steps == 0 or step == plan.total_steps:
                 last_eval = evaluator(step, step / plan.steps_per_epoch)
-            if stop.received:
+            # At steps every process knows: all ask, all stop at one step.
+            if (
+                step % mode.stop_check_every_steps == 0 or pause
+            ) and mode.any_process_stopping(stop.received is not None):
                 progress.log(step)
-                checkpoints.save(step)
-                where = "by the chief"
-                if mode.is_chief:
-                    where = f"to {checkpoints.latest}"
-                raise TrainingInterrupted(
-                    f"{stop.received.name} at step {step}: checkpoint "
-                    f"written {where}",
-                    int(stop.received),
+                if saved_at != step:
+                    checkpoints.save(step)
+                interrupted = _interruption(
+                    stop.received, step, mode, checkpoints
                 )
-    return {"step": step, **last_eval}
+                break
+    return {"step": step, **last_eval}, interrupted
+
+
+def _interruption(received, step, mode, checkpoints):
+    """The `TrainingInterrupted` of a stop at `step`, its checkpoint saved.
+
+    A process that got no signal itself stops for its peer's and exits as
+    if it had got SIGTERM (the scheduler's signal), so a job's processes
+    end with one exit code.
+    """
+    if received:
+        what, signum = f"{received.name} at step {step}", received
+    else:
+        what = f"stop requested by another process at step {step}"
+        signum = signal.SIGTERM
+    where = f"to {checkpoints.latest}" if mode.is_chief else "by the chief"
+    return TrainingInterrupted(
+        f"{what}: checkpoint written {where}", int(signum)
+    )
 
 
 def make_ema(config, mode, model):

@@ -10,7 +10,8 @@ below and never asks which mode it runs under. A mode decides
 * how one replica step runs and how gradients combine (`run`,
   `all_reduce_gradients`),
 * what crosses processes at the edges of a step (`after_step`,
-  `broadcast_initial_state`, `all_reduce_sum`, `synchronize`),
+  `broadcast_initial_state`, `all_reduce_sum`, `synchronize`,
+  `any_process_stopping`),
 * which process writes checkpoints and summaries (`is_chief`,
   `checkpoint_dir`).
 """
@@ -21,6 +22,11 @@ import dataclasses
 import tensorflow as tf
 
 from tf_resnet.errors import UserInputError
+
+# `stop_check_every_steps` of modes whose processes must agree on a stop:
+# one all-reduce of a flag is a few ms, a noticeable part of a small step
+# (bench/README.md, "The stop check"), and nine steps more are seconds.
+PEERS_STOP_CHECK_EVERY_STEPS = 10
 
 
 @dataclasses.dataclass
@@ -80,12 +86,17 @@ class DistributionMode:
         `replica_batch * replicas_per_update`, so the combined gradient is
         always the mean over the examples of one update.
       is_chief: this process writes checkpoints, summaries and plots.
+      stop_check_every_steps: how often the loop asks
+        `any_process_stopping`, by step number, so every process asks at
+        the same steps; a stop takes effect up to this many steps minus one
+        after the signal.
     """
 
     name = "default"
     num_replicas = 1
     replicas_per_update = 1
     is_chief = True
+    stop_check_every_steps = 1
 
     def __init__(self, global_batch):
         """Splits the global batch; subclasses set `num_replicas` first."""
@@ -165,6 +176,16 @@ class DistributionMode:
     def after_step(self, step, state):
         """Hook after each optimizer step (e.g. periodic weight averaging)."""
 
+    def any_process_stopping(self, stopping):
+        """Whether any process of the job was asked to stop (a stop signal).
+
+        Every process calls this at the same steps, so processes in step
+        with each other stop together: one that got no signal learns of its
+        peer's here instead of waiting for it in the next collective. One
+        process (or a coordinator that alone runs the loop): its own flag.
+        """
+        return bool(stopping)
+
     def synchronize(self, state):
         """Makes every replica's copy of the `TrainState` identical.
 
@@ -183,9 +204,11 @@ class DistributionMode:
         return log_root if self.is_chief else None
 
     def end_of_run(self):
-        """Called by every process once its training has ended normally.
+        """Called by every process once its training has ended in order.
 
-        Not after a failure: a mode may wait here for its peers.
+        At the end of the run, or after a stop all processes agreed on
+        (`any_process_stopping`); not after a failure: a mode may wait here
+        for its peers.
         """
 
     def shutdown(self):

@@ -61,6 +61,7 @@ class HorovodMode(base.DistributionMode):
     """Synchronous SGD: gradients summed over all ranks every step."""
 
     name = "horovod"
+    stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
     def __init__(self, global_batch):
         set_cycle_time()
@@ -105,6 +106,21 @@ class HorovodMode(base.DistributionMode):
     def synchronize(self, state):
         """Averages BN moving statistics; trainable weights already agree."""
         average_in_place(float_variables(state.local_variables))
+
+    def any_process_stopping(self, stopping):
+        """Whether any rank got a stop signal: all then stop together."""
+        flag = tf.constant([1.0 if stopping else 0.0], tf.float32)
+        total = hvd.allreduce(flag, op=hvd.Sum, name="any_process_stopping")
+        return bool(total.numpy()[0] > 0)
+
+    def end_of_run(self):
+        """Waits until every rank got here, rank 0 with its checkpoint saved.
+
+        After a stop, ranks exit with a signal's code, and `horovodrun`
+        terminates the others once one exits non-zero: rank 0 must not be
+        still writing then.
+        """
+        hvd.allreduce(tf.zeros([1]), op=hvd.Sum, name="end_of_run")
 
     def shutdown(self):
         """Stops Horovod's background thread so the process can exit."""

@@ -22,6 +22,9 @@ skips it.
 The workers are peers (`processes.run_peers`): when one fails, the others
 are stopped and its exit code is the launcher's; a stop signal is
 forwarded to all of them (each writes its part of a final checkpoint).
+A failed worker is not restarted: the launcher's last line names it, its
+exit code, and that rerunning the same command resumes from the latest
+checkpoint in `--log_root`.
 """
 
 import json
@@ -36,18 +39,46 @@ WORKER_MODES = ("multi_worker", "averaging", "auto")
 log = cli.logger("launch.multi_worker")
 
 
-def given_distribution(main_flags):
-    """`--distribution` among `resnet_main.py`'s flags (the last one), or None.
+def given_flag(main_flags, name):
+    """`--name` among `resnet_main.py`'s flags (the last one), or None.
 
-    Both spellings absl accepts, `--distribution=X` and `--distribution X`.
+    Both spellings absl accepts, `--name=X` and `--name X`.
     """
     value = None
     for index, flag in enumerate(main_flags):
-        if flag.startswith("--distribution="):
+        if flag.startswith(f"--{name}="):
             value = flag.partition("=")[2]
-        elif flag == "--distribution" and index + 1 < len(main_flags):
+        elif flag == f"--{name}" and index + 1 < len(main_flags):
             value = main_flags[index + 1]
     return value
+
+
+def given_distribution(main_flags):
+    """`--distribution` among `resnet_main.py`'s flags, or None."""
+    return given_flag(main_flags, "distribution")
+
+
+def resume_advice(main_flags):
+    """`fn(exit code)`: what to do after a worker failed with it.
+
+    Every worker restores the chief's latest checkpoint in `--log_root`
+    (`docs/distributed.md`, "Stop signals and preemption"), so restarting
+    the workers here would do no more than a rerun, and a failure that
+    repeats (bad input, no memory) would only repeat. A flag error (2) or a
+    divergence (3) is the worker's own error line to read first.
+    """
+    log_root = given_flag(main_flags, "log_root")
+    where = f"--log_root={log_root}" if log_root else "its --log_root"
+
+    def advice(code):
+        if code in (2, 3):
+            return "its error line above says why"
+        return (
+            "rerun the same command to resume from the latest checkpoint "
+            f"in {where} (or from the start if there is none)"
+        )
+
+    return advice
 
 
 def parse_args(argv):
@@ -116,6 +147,7 @@ def main(argv=None):
         log,
         stop_timeout_secs=args.stop_timeout_secs,
         signals=signals,
+        advice=resume_advice(args.main_flags),
     )
 
 

@@ -147,7 +147,18 @@ class ProcessGroup:
             process.wait()
 
 
-def run_peers(commands, log, stop_timeout_secs=120.0, signals=None):
+def describe_exit(returncode):
+    """`code 137 (SIGKILL)`: a child's exit code, and the signal behind it."""
+    code = exit_code(returncode)
+    try:
+        return f"code {code} ({signal.Signals(code - 128).name})"
+    except ValueError:
+        return f"code {code}"
+
+
+def run_peers(
+    commands, log, stop_timeout_secs=120.0, signals=None, advice=None
+):
     """Runs a job of equal processes to its end; returns its exit code.
 
     The job ends when every process has exited 0, or when the first one
@@ -162,6 +173,9 @@ def run_peers(commands, log, stop_timeout_secs=120.0, signals=None):
       stop_timeout_secs: how long the processes may take after a forwarded
         stop signal.
       signals: a `StopSignals` installed earlier; default: a new one.
+      advice: `fn(exit code)`: after a failure, what the user can do; the
+        launcher's last line then names the failed process, its exit code
+        and this.
 
     Returns:
       0 when all exited 0; else the exit code of the first that did not
@@ -172,13 +186,21 @@ def run_peers(commands, log, stop_timeout_secs=120.0, signals=None):
     try:
         for name, (command, env) in commands.items():
             group.start(name, command, env)
-        return _watch_peers(group, signals, stop_timeout_secs, log)
+        failed = _watch_peers(group, signals, stop_timeout_secs, log)
     finally:
         group.stop()
         log("all processes stopped")
+    if failed is None:
+        return 0
+    name, returncode = failed
+    if advice:
+        what = advice(exit_code(returncode))
+        log(f"{name} exited with {describe_exit(returncode)}: {what}")
+    return exit_code(returncode)
 
 
 def _watch_peers(group, signals, stop_timeout_secs, log):
+    """`(name, returncode)` of the first process that failed, or None."""
     failed = {}  # name -> returncode, in the order the failures were seen.
     forwarded_at = killed = None
     while True:
@@ -188,12 +210,11 @@ def _watch_peers(group, signals, stop_timeout_secs, log):
         first = next(iter(failed.items()), None)
         if first and forwarded_at is None:
             log(f"{first[0]} exited with code {first[1]}; stopping the others")
-            return exit_code(first[1])
+            return first
         if not group.running():
             if first:
                 log(f"{first[0]} was the first to exit with code {first[1]}")
-                return exit_code(first[1])
-            return 0
+            return first
         if signals.received and forwarded_at is None:
             log(f"{signals.received[0]}: asking every process to stop")
             group.send(signals.to_forward())
