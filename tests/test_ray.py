@@ -1,0 +1,502 @@
+"""`tf_resnet.launch.ray` on a real two-node Ray cluster, in private.
+
+The cluster: two network namespaces joined by a veth pair (10.77.0.1, the
+head, and 10.77.0.2) and no other device but their loopbacks, so nothing
+the cluster opens is reachable from outside and nothing it sends leaves.
+Each namespace also has its own PID namespace: `ray stop --force` inside
+sees only that node's processes, and killing the namespace's first process
+ends every process Ray started there, whatever happens to the test. The
+launcher runs in the head's namespaces, as a user's driver on the head.
+
+The workers run `tests/hvd_worker.py` (resnet_main with small models and
+dumps of each worker's weights), as in tests/test_multi_worker.py. Each
+node offers 2 CPUs and the runs spread their 2 workers over the 2 nodes,
+so two runs train side by side.
+
+Only requirements-latest.txt has Ray: the cluster tests skip elsewhere.
+"""
+
+import contextlib
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests import horovod_runs
+from tests.helpers import ROOT, resnet8_flags
+from tests.horovod_runs import Spec
+from tf_resnet.launch import ray as launcher
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+requires_ray = pytest.mark.skipif(
+    not HAS_RAY,
+    reason="Ray is not installed (requirements-latest.txt has it)",
+)
+WORKER = horovod_runs.WORKER
+HEAD, NODE = "10.77.0.1", "10.77.0.2"
+PORT = 6379
+# The first process of each node's PID namespace: it reaps the processes
+# Ray leaves to it, so `ray stop` does not wait for zombies.
+REAPER = """
+import os, time
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        time.sleep(0.5)
+"""
+NAMESPACE_TOOLS = all(shutil.which(tool) for tool in ("unshare", "nsenter"))
+
+
+def ray_resnet8_flags(synthetic_cifar, log_root, *extra):
+    return resnet8_flags(
+        synthetic_cifar, log_root, "--dtype=float32", "--log_every_steps=5",
+        *extra,
+    )  # fmt: skip
+
+
+class Cluster:
+    """Two Ray nodes, each in its own network and PID namespace."""
+
+    def __init__(self):
+        # Short: Ray's socket paths live under it (108 characters at most).
+        self.root = tempfile.mkdtemp(prefix="tfr_ray_")
+        self.holders = []  # `unshare` of each node, its process group.
+        self.inits = []  # Host pid of each namespace's first process.
+        self.env = {
+            **os.environ,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        }
+        self.ray = os.path.join(os.path.dirname(sys.executable), "ray")
+
+    def enter(self, node, pids=True):
+        """The prefix running a command in the namespaces of `node` (0: head).
+
+        `pids=False`: the network namespace only, where a command names
+        processes by their host pids.
+        """
+        return [
+            "nsenter", "-t", str(self.inits[node]), "-n",
+            *(["-p", "-m"] if pids else []), f"--wd={ROOT}",
+        ]  # fmt: skip
+
+    def run(self, node, command, timeout=120, pids=True):
+        result = subprocess.run(
+            [*self.enter(node, pids), *command],
+            env=self.env, capture_output=True, text=True, timeout=timeout,
+        )  # fmt: skip
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        return result.stdout
+
+    def start(self):
+        for _ in range(2):
+            holder = subprocess.Popen(
+                ["unshare", "--net", "--pid", "--fork", "--mount-proc",
+                 sys.executable, "-c", REAPER],
+                start_new_session=True,
+            )  # fmt: skip
+            self.holders.append(holder)
+            children = f"/proc/{holder.pid}/task/{holder.pid}/children"
+            deadline = time.monotonic() + 10
+            while not _read(children).split():
+                assert time.monotonic() < deadline, "no namespace"
+                time.sleep(0.05)
+            self.inits.append(int(_read(children).split()[0]))
+        self.run(0, ["ip", "link", "add", "veth0", "type", "veth", "peer",
+                     "name", "veth1", "netns", str(self.inits[1])],
+                 pids=False)  # fmt: skip
+        for node, (device, address) in enumerate(
+            [("veth0", HEAD), ("veth1", NODE)]
+        ):
+            self.run(node, ["sh", "-ec", f"ip link set lo up; "
+                            f"ip addr add {address}/24 dev {device}; "
+                            f"ip link set {device} up"])  # fmt: skip
+        common = [
+            "--num-cpus=2", "--num-gpus=0", "--object-store-memory=100000000",
+            "--disable-usage-stats",
+        ]  # fmt: skip
+        self.run(0, [self.ray, "start", "--head", f"--port={PORT}",
+                     f"--node-ip-address={HEAD}",
+                     f"--temp-dir={self.root}/head", *common])  # fmt: skip
+        self.run(1, [self.ray, "start", f"--address={HEAD}:{PORT}",
+                     f"--node-ip-address={NODE}",
+                     f"--temp-dir={self.root}/node", *common])  # fmt: skip
+
+    def stop(self):
+        """Stops every Ray process of the cluster, then its namespaces."""
+        for node in reversed(range(len(self.inits))):
+            with contextlib.suppress(Exception):
+                subprocess.run(
+                    [*self.enter(node), self.ray, "stop", "--force"],
+                    env=self.env, capture_output=True, timeout=60,
+                )  # fmt: skip
+        for holder in self.holders:
+            # The namespace's first process gone, the kernel kills the rest.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def launch(self, flags, dump_dir, *launcher_flags):
+        """Starts the launcher on the head: `(Popen, output path)`."""
+        os.makedirs(dump_dir, exist_ok=True)
+        output = os.path.join(dump_dir, "launcher.txt")
+        command = [
+            *self.enter(0), sys.executable, "-m", "tf_resnet.launch.ray",
+            f"--address={HEAD}:{PORT}", "--num_workers=2",
+            "--placement_strategy=SPREAD", f"--main={WORKER}",
+            *launcher_flags, "--", f"--dump_dir={dump_dir}", *flags,
+        ]  # fmt: skip
+        with open(output, "w") as stream:
+            process = subprocess.Popen(
+                command, env=self.env, stdout=stream,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        return process, output
+
+
+def finish(started, timeout=300):
+    """Waits for a launcher; returns `(exit code, output)`."""
+    process, output = started
+    try:
+        code = process.wait(timeout=timeout)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    with open(output) as stream:
+        return code, stream.read()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not HAS_RAY:
+        pytest.skip("Ray is not installed (requirements-latest.txt has it)")
+    if os.getuid() != 0 or not NAMESPACE_TOOLS:
+        pytest.skip("the test cluster's namespaces need root, unshare, nsenter")
+    cluster = Cluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def weights(dump_dir, rank, name="weights"):
+    return horovod_runs.Run(0, "", str(dump_dir)).weights(rank, name)
+
+
+@pytest.fixture(scope="module")
+def equivalence(cluster, tmp_path_factory):
+    """Side by side: Ray multi_worker, Ray averaging, and one process."""
+    root = tmp_path_factory.mktemp("ray_equivalence")
+    single = horovod_runs.start_worker(
+        Spec("default", learning_rate=0.4).args()
+    )
+    runs = {
+        name: cluster.launch(
+            [*spec.args(), f"--log_root={root / name / 'log'}"], root / name
+        )
+        for name, spec in (
+            ("multi_worker", Spec("multi_worker", learning_rate=0.4)),
+            (
+                "averaging",
+                Spec(
+                    "averaging", learning_rate=0.8, extra=("--average_every=1",)
+                ),
+            ),
+        )
+    }
+    results = {name: finish(started) for name, started in runs.items()}
+    return root, results, single.result().check()
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@requires_ray
+def test_on_two_nodes_workers_equal_one_process_and_averaging_sync_sgd(
+    equivalence,
+):
+    """One test, so that pytest-xdist runs these runs once, side by side."""
+    check_multi_worker_equals_one_process(*equivalence)
+    check_averaging_every_step_equals_synchronous_sgd(*equivalence)
+
+
+def check_multi_worker_equals_one_process(root, results, single):
+    code, output = results["multi_worker"]
+    assert code == 0, output[-5000:]
+    # Ray Train put one worker on each node (either rank on either one).
+    placed = re.findall(r"\(ip=(\S+), pid=\d+\) world_rank=\d", output)
+    assert sorted(placed) == [HEAD, NODE], output[-5000:]
+    assert "global batch 16 over 2 replica(s) (multi_worker)" in output
+    worker0 = weights(root / "multi_worker", 0)
+    worker1 = weights(root / "multi_worker", 1)
+    for ours, theirs in zip(worker0, worker1, strict=True):
+        assert (ours == theirs).all()
+    horovod_runs.assert_same_weights(
+        worker0, single.weights(), single.weights(name="first")
+    )
+
+
+def check_averaging_every_step_equals_synchronous_sgd(root, results, single):
+    code, output = results["averaging"]
+    assert code == 0, output[-5000:]
+    assert "over 2 replica(s) (averaging)" in output
+    for rank in (0, 1):
+        horovod_runs.assert_same_weights(
+            weights(root / "averaging", rank),
+            single.weights(),
+            single.weights(name="first"),
+        )
+        slots = weights(root / "averaging", rank, "optimizer")
+        expected = single.weights(name="optimizer")
+        assert len(slots) == len(expected) > 1
+        assert slots[0] == expected[0]  # The step counter.
+        scale = max(float(abs(e).max()) for e in expected[1:])
+        for value, reference in zip(slots[1:], expected[1:], strict=True):
+            assert abs(value - reference).max() <= 1e-4 * scale
+
+
+def _read(path):
+    """The text of `path`; "" when it is (already or not yet) gone."""
+    gone = (FileNotFoundError, ProcessLookupError)
+    with contextlib.suppress(*gone), open(path, errors="replace") as stream:
+        return stream.read()
+    return ""
+
+
+def kill_actor(dump_dir, rank):
+    """SIGKILLs the Ray actor of worker `rank`; returns its host pid.
+
+    The worker's resnet_main wrote its pid as its PID namespace sees it;
+    the host's /proc names both (`NSpid`), and its parent is the actor.
+    """
+    ns_pid = int(_read(os.path.join(dump_dir, f"pid_rank{rank}.txt")))
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        status = _read(f"/proc/{entry}/status")
+        nspid = re.search(r"^NSpid:\s+(.*)$", status, re.M)
+        if not nspid or nspid[1].split()[-1] != str(ns_pid):
+            continue
+        if str(dump_dir) not in _read(f"/proc/{entry}/cmdline"):
+            continue
+        actor = int(re.search(r"^PPid:\s+(\d+)", status, re.M)[1])
+        if "RayTrainWorker" not in _read(f"/proc/{actor}/cmdline"):
+            continue
+        os.kill(actor, signal.SIGKILL)
+        return actor
+    raise AssertionError(f"no process of worker {rank} (pid {ns_pid})")
+
+
+def wait_for(predicate, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+STEPS = 30
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@requires_ray
+def test_killed_actors_and_a_failed_resnet_main(
+    cluster, synthetic_cifar, tmp_path
+):
+    """Side by side: a killed actor with one restart left, and with none;
+    then a resnet_main that fails. One test, for pytest-xdist."""
+    root = tmp_path
+    resumed = cluster.launch(
+        ray_resnet8_flags(
+            synthetic_cifar, root / "resumed" / "log",
+            f"--train_steps={STEPS}", "--checkpoint_every_steps=5",
+            "--eval_every_steps=1000",
+        ),
+        root / "resumed",
+        "--max_failures=1",
+    )  # fmt: skip
+    stopped = cluster.launch(
+        ray_resnet8_flags(
+            synthetic_cifar, root / "stopped" / "log", "--train_steps=100000"
+        ),
+        root / "stopped",
+        "--max_failures=0",
+    )
+    try:
+        # No restart left: killed after its first step.
+        wait_for(lambda: _read(root / "stopped" / "pid_rank1.txt"))
+        kill_actor(root / "stopped", 1)
+        # One restart: killed once the chief wrote its first checkpoint.
+        wait_for(lambda: _read(root / "resumed" / "saves_rank0.txt"))
+        kill_actor(root / "resumed", 1)
+    except BaseException:
+        for process, _ in (resumed, stopped):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
+    check_no_restart_left_ends_the_run_with_advice(*finish(stopped))
+    # In the CPUs the stopped run left, while the other one trains on.
+    failed = cluster.launch(
+        ["--train_data_path=/nonexistent/data_batch*",
+         "--eval_data_path=/nonexistent/test_batch.bin",
+         f"--log_root={root / 'failed' / 'log'}"],
+        root / "failed",
+        "--max_failures=2",
+    )  # fmt: skip
+    try:
+        check_the_workers_restart_from_the_last_checkpoint(
+            root, *finish(resumed)
+        )
+    finally:
+        code, output = finish(failed)
+    check_a_failed_resnet_main_is_not_restarted(code, output)
+
+
+def check_the_workers_restart_from_the_last_checkpoint(root, code, output):
+    assert code == 0, output[-5000:]
+    assert "launch.ray: starting 2 worker(s) (restart 1 of 1)" in output
+    resumed = re.findall(r"resumed from \S+ckpt-(\d+) at step (\d+)\b", output)
+    # Both workers of the second attempt, from the same checkpoint.
+    assert len(resumed) == 2 and len(set(resumed)) == 1, output[-5000:]
+    step = int(resumed[0][1])
+    assert resumed[0][0] == str(step) and step >= 5
+    saves = [
+        int(line.rsplit("-", 1)[1])
+        for line in _read(root / "resumed" / "saves_rank0.txt").split()
+    ]
+    # Nothing lost beyond the last checkpoint: the restart took the newest
+    # one, so no checkpoint step was trained and written twice.
+    assert saves == sorted(set(saves)), saves
+    assert step in saves and saves[-1] == STEPS, saves
+    # The second attempt's workers end equal, BatchNorm statistics too.
+    worker0 = weights(root / "resumed", 0)
+    worker1 = weights(root / "resumed", 1)
+    assert len(worker0) > 30  # Kernels, BN scale/offset/mean/variance.
+    for ours, theirs in zip(worker0, worker1, strict=True):
+        assert (ours == theirs).all()
+
+
+def check_no_restart_left_ends_the_run_with_advice(code, output):
+    assert code != 0, output[-5000:]
+    assert "no restart is left (--max_failures=0)" in output, output[-5000:]
+    assert "worker 1: its actor or its node is gone" in output
+    assert "rerun the same command to resume" in output
+    assert "(restart 1 of" not in output
+
+
+def check_a_failed_resnet_main_is_not_restarted(code, output):
+    assert code == 2, output[-5000:]
+    assert "worker 1: resnet_main exited with code 2" in output
+    assert "a restart would fail the same way" in output
+    assert "(restart 1 of" not in output
+
+
+# Without a cluster: the command line, and an environment without Ray.
+
+
+def test_launcher_flags_and_the_original_spelling():
+    args = launcher.parse_args(
+        ["--redis-address=head:6379", "--num_workers=4", "--", "--model=x"]
+    )
+    assert (args.address, args.num_workers, args.max_failures) == (
+        "head:6379",
+        4,
+        3,
+    )
+    assert (args.gpus_per_worker, args.cpus_per_worker) == (0, 1)
+    assert launcher.parse_args(["--num_workers=1", "--"]).address == "auto"
+    assert launcher.worker_command("main.py", ["--model=x"]) == [
+        "main.py",
+        "--model=x",
+        "--distribution=multi_worker",
+    ]
+    given = ["--distribution", "averaging"]
+    assert launcher.worker_command("main.py", given) == ["main.py", *given]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--num_workers=2", "--", "--distribution=horovod"],
+         "--distribution=horovod: Ray's workers form a TF_CONFIG cluster"),
+        (["--num_workers=2", "--", "--distribution", "parameter_server"],
+         "--distribution=parameter_server: Ray's workers"),
+        (["--num_workers=0", "--"], "--num_workers must be at least 1"),
+        (["--num_workers=2", "--max_failures=-1", "--"],
+         "--max_failures must be at least 0"),
+        (["--num_workers=2"], "no --"),
+    ],
+)  # fmt: skip
+def test_launcher_refuses_what_its_workers_cannot_run(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        launcher.parse_args(argv)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("launch.ray: error: ") and message in error
+    assert error.count("\n") == 1
+
+
+def test_failures_name_each_worker_and_the_exit_code():
+    class Wrapped(Exception):  # As Ray Train returns a worker's error.
+        def __init__(self, base):
+            super().__init__(str(base))
+            self._base_exc = base
+
+    class Failed(Exception):
+        worker_failures = {
+            1: Wrapped(
+                launcher.WorkerExit("resnet_main exited with code 4", 4)
+            ),
+            0: RuntimeError("The actor died unexpectedly\nmore"),
+        }
+
+    found = launcher.failures(Failed())
+    assert found == [
+        (
+            0,
+            None,
+            "its actor or its node is gone (The actor died unexpectedly)",
+        ),
+        (1, 4, "resnet_main exited with code 4"),
+    ]
+    # 4 is what the survivors of a lost peer exit with: the cause wins.
+    assert launcher.exit_code_of(found) == 4
+    assert launcher.exit_code_of([(0, 4, ""), (1, 137, "")]) == 137
+    assert launcher.exit_code_of([(0, None, "")]) == 1
+
+
+def test_launcher_imports_only_the_standard_library():
+    report = subprocess.run(
+        [sys.executable, "-c",
+         "import json, sys; before = set(sys.modules); "
+         "import tf_resnet.launch.ray; "
+         "added = {n.split('.')[0] for n in set(sys.modules) - before}; "
+         "print(json.dumps(sorted(added - set(sys.stdlib_module_names))))"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert report.strip() == '["tf_resnet"]'
+
+
+def test_without_ray_one_error_names_the_requirement_set():
+    # Ray hidden as where it is not installed (requirements.txt).
+    code = (
+        "import sys; sys.modules['ray'] = None; "
+        "from tf_resnet.launch import ray; "
+        "sys.exit(ray.main(['--num_workers=2', '--', '--model=x']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("launch.ray: error: ")
+    assert "TF_RESNET_REQUIREMENTS=requirements-latest.txt" in lines[0]

@@ -1,0 +1,368 @@
+"""Runs multi-worker training on an existing Ray cluster (Ray Train).
+
+  ray start --head ...                       # once per cluster
+  python -m tf_resnet.launch.ray --address=auto --num_workers=2 -- \
+      --dataset=cifar10 --train_data_path='cifar-10-batches-bin/data_batch*' \
+      --eval_data_path=cifar-10-batches-bin/test_batch.bin \
+      --log_root=/shared/resnet_ray
+
+The engine of the original Ray example, whose `--redis-address` (accepted
+here as an alias of `--address`) pointed at the cluster's head. Ray Train's
+`TensorflowTrainer` starts one actor per worker (`--gpus_per_worker` GPUs
+and `--cpus_per_worker` CPUs each) and gives each the `TF_CONFIG` of a
+MultiWorkerMirroredStrategy cluster (its node's IP, a free port, its world
+rank as task index; worker 0 is the chief). Each actor then runs
+`resnet_main.py <flags after -->` as a child process with that `TF_CONFIG`
+and its local rank (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`), so the workers are
+the very processes `launch.multi_worker` starts on one machine: the same
+`--distribution=multi_worker` (added when none is given) or `averaging`.
+
+Why a child process and not `resnet_main` in the actor: TensorFlow's
+collectives and devices are fixed once per process, a Ray actor outlives
+one attempt of the job, and a child's exit code says how training ended
+(`resnet_main`: 2 bad flags or data, 3 diverged, 4 lost a peer).
+
+Paths: each child runs in the launcher's working directory with the
+Python that runs the Ray worker (the environment `ray start` ran in), so
+the repository, the data and `--log_root` must be at the same paths on
+every node, `--log_root` on storage all nodes share: the chief writes
+checkpoints and summaries there, and every worker resumes from it.
+
+Failures: a worker whose `resnet_main` fails, whose actor dies or whose
+node is lost fails the attempt (Ray Train ends the other workers). The
+launcher then starts all workers again, up to `--max_failures` times, and
+they resume from the last checkpoint in `--log_root`; the steps since it
+are trained again. Exit codes 2 and 3 of `resnet_main` (bad flags or data,
+diverged training) would only repeat, so they end the run at once. Ray
+Train 2.60's own `FailureConfig(max_failures)` retries every worker error
+alike, hence each attempt runs with `max_failures=0` and the launcher
+decides. The exit code is the failed worker's (0 when all finished).
+
+Like the other launchers, this module imports only the standard library
+until `main` runs; Ray is imported there.
+"""
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+from tf_resnet.launch import cli, multi_worker
+
+log = cli.logger("launch.ray")
+# Where Ray is pinned, for the error when it is missing.
+REQUIREMENTS = "requirements-latest.txt"
+# resnet_main's exit codes that a restart would only repeat: bad flags or
+# data (2), diverged training (3).
+FINAL_EXIT_CODES = (2, 3)
+# The name of Ray Train's run directory under --log_root.
+RUN_NAME = "ray_train"
+PR_SET_PDEATHSIG = 1
+
+
+def parse_args(argv):
+    """The launcher's own flags; those after `--` go to `resnet_main.py`."""
+    parser = cli.Parser(
+        log,
+        prog="python -m tf_resnet.launch.ray",
+        description="Starts --num_workers workers of "
+        "--distribution=multi_worker (or averaging) on an existing Ray "
+        "cluster with Ray Train. Flags after -- go to every resnet_main.py.",
+    )
+    parser.add_argument(
+        "--address",
+        "--redis-address",
+        "--redis_address",
+        dest="address",
+        default="auto",
+        help="The Ray cluster: auto (the one `ray start` started on this "
+        "node, or RAY_ADDRESS) or HOST:PORT of its head. --redis-address, "
+        "the original example's flag, is an alias.",
+    )
+    parser.add_argument(
+        "--num_workers",
+        type=int,
+        required=True,
+        help="Workers (Ray actors, each one resnet_main process). The "
+        "original's --num_gpus=N is N workers with --gpus_per_worker=1.",
+    )
+    parser.add_argument(
+        "--gpus_per_worker",
+        type=float,
+        default=0,
+        help="GPUs of each worker (Ray sets CUDA_VISIBLE_DEVICES); 0: CPU.",
+    )
+    parser.add_argument(
+        "--cpus_per_worker",
+        type=float,
+        default=1,
+        help="CPUs Ray reserves for each worker.",
+    )
+    parser.add_argument(
+        "--placement_strategy",
+        choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+        default="PACK",
+        help="How Ray places the workers on nodes (Ray Train's default, "
+        "PACK: as few nodes as fit). STRICT_SPREAD: one worker per node, "
+        "the multi_worker layout of one process with all GPUs per machine.",
+    )
+    parser.add_argument(
+        "--max_failures",
+        type=int,
+        default=3,
+        help="How many times failed workers (a lost actor or node, a "
+        "resnet_main that died) are all started again; they resume from the "
+        "last checkpoint in --log_root. 0: the first failure ends the run.",
+    )
+    args = parser.parse_launcher_args(argv, dashes_required=True)
+    if args.num_workers < 1:
+        parser.error("--num_workers must be at least 1")
+    if args.gpus_per_worker < 0 or args.cpus_per_worker <= 0:
+        parser.error("--gpus_per_worker must be >= 0, --cpus_per_worker > 0")
+    if args.max_failures < 0:
+        parser.error("--max_failures must be at least 0")
+    distribution = multi_worker.given_distribution(args.main_flags)
+    if distribution not in (None, *multi_worker.WORKER_MODES):
+        parser.error(
+            f"--distribution={distribution}: Ray's workers form a TF_CONFIG "
+            "cluster without ps and run multi_worker or averaging"
+        )
+    return args
+
+
+def worker_command(main, main_flags):
+    """The command line of every worker's `resnet_main.py`, but the Python."""
+    command = [main, *main_flags]
+    if multi_worker.given_distribution(main_flags) in (None, "auto"):
+        command.append("--distribution=multi_worker")
+    return command
+
+
+class WorkerExit(RuntimeError):
+    """A worker's `resnet_main` failed; `exit_code` says how (None: unknown)."""
+
+    def __init__(self, message, exit_code=None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.exit_code))
+
+
+def _die_with_parent():
+    """Runs in the child before exec: SIGKILL it when the actor dies."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def train_worker(config):
+    """Ray Train's function on each worker: `resnet_main` as a child process.
+
+    Runs in the worker actor, whose environment holds the `TF_CONFIG` Ray
+    Train set. It must use only the standard library and this module (which
+    is shipped by value): the workers need not import `tf_resnet`.
+
+    Args:
+      config: `cwd` and `command` (after the Python) of the child.
+
+    Raises:
+      WorkerExit: the child failed, or could not start.
+    """
+    from ray import train
+
+    context = train.get_context()
+    rank = context.get_world_rank()
+    env = dict(os.environ)
+    # Ray Train sets it for tf.keras 2; resnet_main runs Keras 3.
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    env["LOCAL_RANK"] = str(context.get_local_rank())
+    env["LOCAL_WORLD_SIZE"] = str(context.get_local_world_size())
+    command = [sys.executable, *config["command"]]
+    try:
+        child = subprocess.Popen(
+            command, cwd=config["cwd"], env=env, preexec_fn=_die_with_parent
+        )
+    except OSError as error:
+        raise WorkerExit(
+            f"could not start {command[1]} in {config['cwd']} ({error}) on "
+            f"the node of worker {rank}; the repository and the data must "
+            "be at the same paths on every node"
+        ) from None
+    code = child.wait()
+    if code != 0:
+        code = 128 - code if code < 0 else code  # As a shell reports it.
+        raise WorkerExit(f"resnet_main exited with code {code}", code)
+
+
+def failures(error):
+    """`[(rank, exit code or None, first line)]` of each failed worker."""
+    found = []
+    for rank, failure in sorted(getattr(error, "worker_failures", {}).items()):
+        base = getattr(failure, "_base_exc", failure)  # Ray's wrapper.
+        line = next(iter(str(base).strip().splitlines()), type(base).__name__)
+        code = getattr(base, "exit_code", None)
+        if code is None:
+            line = f"its actor or its node is gone ({line})"
+        found.append((rank, code, line))
+    if not found:  # The controller failed, not a worker.
+        found.append((None, None, next(iter(str(error).splitlines()), "")))
+    return found
+
+
+def exit_code_of(found):
+    """The launcher's exit code for the failed workers `found`.
+
+    A worker's own failure, rather than 4 (resnet_main's code for a lost
+    peer, what the others see); 1 when no worker left a code (its actor or
+    node died).
+    """
+    codes = [code for _, code, _ in found if code]
+    causes = [code for code in codes if code != 4]
+    return (causes or codes or [1])[0]
+
+
+def check_resources(ray, args):
+    """The cluster's error when it lacks the workers' CPUs or GPUs, or None."""
+    total = ray.cluster_resources()
+    needed = {
+        "CPU": args.num_workers * args.cpus_per_worker,
+        "GPU": args.num_workers * args.gpus_per_worker,
+    }
+    short = [
+        f"{needed[name]:g} {name}s (it has {total.get(name, 0):g})"
+        for name in needed
+        if needed[name] > total.get(name, 0)
+    ]
+    if short:
+        return (
+            f"--num_workers={args.num_workers} need {' and '.join(short)}: "
+            "add nodes, or lower --num_workers or the resources per worker"
+        )
+    return None
+
+
+def make_trainer(args, train, tensorflow):
+    """One attempt: the `TensorflowTrainer` of all workers, no Ray retries."""
+    log_root = multi_worker.given_flag(args.main_flags, "log_root")
+    resources = {"CPU": args.cpus_per_worker}
+    if args.gpus_per_worker:
+        resources["GPU"] = args.gpus_per_worker
+    return tensorflow.TensorflowTrainer(
+        train_worker,
+        train_loop_config={
+            "cwd": os.getcwd(),
+            "command": worker_command(args.main, args.main_flags),
+        },
+        scaling_config=train.ScalingConfig(
+            num_workers=args.num_workers,
+            use_gpu=args.gpus_per_worker > 0,
+            resources_per_worker=resources,
+            placement_strategy=args.placement_strategy,
+        ),
+        run_config=train.RunConfig(
+            name=RUN_NAME,
+            # Ray Train's own run files; none in ~/ray_results.
+            storage_path=os.path.abspath(log_root or "."),
+            failure_config=train.FailureConfig(
+                max_failures=0, controller_failure_limit=0
+            ),
+        ),
+    )
+
+
+def import_ray():
+    """`(ray, ray.train, ray.train.tensorflow)`, or None after one error."""
+    # Every worker's lines, not one per group of equal lines; V2 API.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
+    try:
+        import ray
+        from ray import train
+        from ray.train import tensorflow
+    except ImportError as error:
+        log(
+            f"error: this environment ({sys.executable}) lacks Ray Train "
+            f"({error}); {REQUIREMENTS} pins it: "
+            f"TF_RESNET_REQUIREMENTS={REQUIREMENTS} ./setup.sh env"
+        )
+        return None
+    if __name__ != "__main__":  # Imported: ship this module to the workers.
+        ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray, train, tensorflow
+
+
+def run(ray, train, tensorflow, args):
+    """Runs attempts until one ends; returns the launcher's exit code."""
+    log_root = multi_worker.given_flag(args.main_flags, "log_root")
+    restarts = 0
+    while True:
+        log(
+            f"starting {args.num_workers} worker(s)"
+            + (
+                f" (restart {restarts} of {args.max_failures})"
+                if restarts
+                else ""
+            )
+        )
+        try:
+            make_trainer(args, train, tensorflow).fit()
+        except train.TrainingFailedError as error:
+            found = failures(error)
+            for rank, _, line in found:
+                log(f"{'the controller' if rank is None else f'worker {rank}'}"
+                    f": {line}")  # fmt: skip
+            code = exit_code_of(found)
+            if code in FINAL_EXIT_CODES:
+                log(
+                    f"error: resnet_main exited with code {code} (bad flags "
+                    "or data, or diverged training: see its message above); "
+                    "a restart would fail the same way, none is tried"
+                )
+                return code
+            if restarts >= args.max_failures:
+                log(
+                    f"error: the workers failed and no restart is left "
+                    f"(--max_failures={args.max_failures}); rerun the same "
+                    "command to resume from the last checkpoint in "
+                    f"--log_root={log_root}"
+                )
+                return code
+            restarts += 1
+            log("restarting every worker; they resume from the last "
+                f"checkpoint in --log_root={log_root}")  # fmt: skip
+            continue
+        log("every worker finished")
+        return 0
+
+
+def main(argv=None):
+    """Connects to the Ray cluster, trains; returns the exit code."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    modules = import_ray()
+    if modules is None:
+        return 2
+    ray = modules[0]
+    try:
+        ray.init(address=args.address, log_to_driver=True)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        log(
+            f"error: no Ray cluster at --address={args.address} "
+            f"({str(error).strip().splitlines()[0]}); start one with "
+            '`ray start --head` (docs/distributed.md, "Ray")'
+        )
+        return 2
+    try:
+        problem = check_resources(ray, args)
+        if problem:
+            log(f"error: {problem}")
+            return 2
+        return run(*modules, args)
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
