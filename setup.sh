@@ -89,7 +89,26 @@ run_demo() {
   log "learning curve: $log_root/learning_curve.png, results: $log_root/eval.csv"
 }
 
+install_cluster_packages() {
+  # The cluster tests' real Slurm (tests/slurm_cluster.py): Debian's
+  # packages, as root; elsewhere those tests are skipped with a reason.
+  local missing=()
+  for pkg in slurm-wlm munge openssh-server openssh-client iproute2; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  [ ${#missing[@]} -eq 0 ] && return
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    log "not root with apt-get: the Slurm cluster tests will be skipped"
+    return
+  fi
+  log "installing Debian packages for the cluster tests: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+    --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 run_tests() {
+  install_cluster_packages
   .venv/bin/ruff check .
   # One pytest worker per core, at most 4: a test may start four
   # TensorFlow processes of its own. TF_RESNET_TEST_WORKERS overrides.

@@ -24,11 +24,22 @@
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
 #   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
-#                (default 2222)
+#                (default: the job's base port, see job_port)
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
-#   PS_PORT      async task: task i listens on PS_PORT + i (default 2222)
+#   PS_PORT      async task: task i listens on PS_PORT + i (default: the
+#                job's base port)
 #   STOP_TIMEOUT async task: seconds the coordinator has to checkpoint and
 #                exit after a stop signal or a lost server (default 120)
+#
+# Stops and requeues (Slurm): the job's training processes turn SIGTERM into
+# a checkpoint at a step they all agree on, then exit. Slurm sends SIGTERM
+# to every process of the job when it is cancelled, preempted or requeued
+# (`scontrol requeue`); a requeued job starts again with the same job id,
+# hence the same default LOG_ROOT, and resumes from that checkpoint. Ahead
+# of the time limit the headers ask Slurm for SIGUSR1 to this shell
+# (`#SBATCH --signal=B:USR1@300`): the training is stopped the same way and
+# the job requeues itself (`#SBATCH --requeue`), so a run longer than the
+# time limit goes on in the next allocation instead of ending TIMEOUT.
 
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 DATA_ROOT=${DATA_ROOT:-$HOME/data}
@@ -37,6 +48,79 @@ read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 # under set -u.
 
 log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
+
+# Runs the job's command in the background and waits for it: bash runs no
+# trap while a foreground command runs, so only this way does the shell act
+# on a signal at once. SIGTERM needs no passing on: the scheduler sends it
+# to every process of the job (scancel, requeue, preemption; qdel), and the
+# training processes agree on the step to stop at among themselves. SIGUSR1,
+# the time limit's warning, stops the training the same way and requeues
+# the job once it has exited. Returns the command's exit code.
+run_job_command() {
+  local code
+  REQUEUE=0
+  "$@" &
+  JOB_COMMAND=$!
+  trap : TERM INT
+  trap 'time_limit_near' USR1
+  while :; do
+    code=0
+    wait "$JOB_COMMAND" || code=$?
+    kill -0 "$JOB_COMMAND" 2>/dev/null || break  # Else a trap ran.
+  done
+  trap - TERM INT USR1
+  if ((REQUEUE)); then requeue_job; fi
+  return "$code"
+}
+
+# Runs a launcher (horovodrun) that would end its children on SIGTERM with
+# SIGTERM ignored: its ranks, whose own handler turns SIGTERM into a
+# checkpoint, must get the time to agree on a step and write it.
+ignoring_term() {
+  trap '' TERM
+  exec "$@"
+}
+
+time_limit_near() {
+  log "the time limit is near: checkpointing, then requeueing the job"
+  REQUEUE=1
+  stop_training
+}
+
+# SIGTERM to the job's training processes, as the scheduler's stop would
+# send it: those started by this shell, and (Slurm) the tasks of its job
+# steps. Not to srun: srun ends its tasks with SIGKILL on SIGTERM.
+stop_training() {
+  local pid args
+  for pid in $(descendants $$); do
+    args=()
+    { mapfile -d '' -t args <"/proc/$pid/cmdline"; } 2>/dev/null || continue
+    # `python resnet_main.py ...` itself, not a launcher naming it.
+    if [[ ${args[1]:-} == *resnet_main.py ]]; then
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+  done
+  if [[ $SCHEDULER == slurm ]]; then
+    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
+  fi
+}
+
+descendants() {
+  local child
+  for child in $(pgrep -P "$1"); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+
+requeue_job() {
+  if [[ $SCHEDULER != slurm ]]; then
+    log "the run stopped at a checkpoint; resubmit with the same LOG_ROOT"
+    return
+  fi
+  log "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint"
+  scontrol requeue "$SLURM_JOB_ID"
+}
 
 job_id() {
   if [[ $SCHEDULER == slurm ]]; then
@@ -69,6 +153,25 @@ job_slots() {
   for i in "${!hosts[@]}"; do
     for ((k = 0; k < counts[i]; k++)); do echo "${hosts[i]}"; done
   done
+}
+
+# horovodrun's -H: host1:4,host2:4, each host with its slots, in
+# allocation order.
+horovod_hosts() {
+  job_slots | awk '!n[$1]++ { order[++k] = $1 } END {
+    for (i = 1; i <= k; i++) printf "%s%s:%d", (i > 1 ? "," : ""),
+      order[i], n[order[i]] }'
+}
+
+# The first port of this job's servers: 10000 + 100 * (job id mod 500), so
+# that jobs sharing a node listen on ports of their own (up to 100 task
+# slots). A fixed port is not enough: TensorFlow's gRPC servers bind with
+# SO_REUSEPORT, so a second job's server on the same port starts without an
+# error and the two jobs' processes reach each other's servers.
+job_port() {
+  local id
+  id=$(job_id)
+  echo $((10000 + 100 * (${id//[^0-9]/} % 500)))
 }
 
 # host:port of each task slot, in slot order: slot i listens on port $1+i.
@@ -123,7 +226,7 @@ train_single() {
   mapfile -t flags < <(task_flags "$preset")
   cd "$REPO"
   log "$preset on $(hostname)"
-  "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
+  run_job_command "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
     --num_gpus="$(gpus_on_node)" ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
@@ -145,15 +248,13 @@ train_sync_horovod() {
   local preset=$1 flags hosts ranks horovod_flags
   mapfile -t flags < <(task_flags "$preset")
   read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
-  # host1:4,host2:4 in allocation order.
-  hosts=$(job_slots | awk '!n[$1]++ { order[++k] = $1 } END {
-    for (i = 1; i <= k; i++) printf "%s%s:%d", (i > 1 ? "," : ""),
-      order[i], n[order[i]] }')
+  hosts=$(horovod_hosts)
   ranks=$(job_slots | wc -l)
   cd "$REPO"
   log "$preset: $ranks ranks on $hosts"
   # horovodrun starts the ranks of other hosts over ssh.
-  "$(dirname "$PYTHON")/horovodrun" -np "$ranks" -H "$hosts" --gloo \
+  run_job_command ignoring_term "$(dirname "$PYTHON")/horovodrun" \
+    -np "$ranks" -H "$hosts" --gloo \
     ${horovod_flags[@]+"${horovod_flags[@]}"} \
     "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
     ${EXTRA[@]+"${EXTRA[@]}"}
@@ -165,7 +266,7 @@ train_sync_horovod() {
 train_sync_multi_worker() {
   local preset=$1 flags addresses hosts i workers=() code=0
   mapfile -t flags < <(task_flags "$preset")
-  mapfile -t addresses < <(slot_addresses "${MW_PORT:-2222}")
+  mapfile -t addresses < <(slot_addresses "${MW_PORT:-$(job_port)}")
   hosts=$(IFS=,; echo "${addresses[*]}")
   cd "$REPO"
   log "$preset: ${#addresses[@]} multi_worker workers at $hosts"
@@ -178,8 +279,9 @@ train_sync_multi_worker() {
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot, its index from SLURM_PROCID; srun stops them all
     # when one fails.
-    srun --ntasks="${#addresses[@]}" --distribution=block --kill-on-bad-exit=1 \
-      /bin/bash -c 'cd "$1" && shift && exec "$@" --task_index="$SLURM_PROCID"' \
+    run_job_command srun --ntasks="${#addresses[@]}" --distribution=block \
+      --kill-on-bad-exit=1 /bin/bash -c \
+      'cd "$1" && shift && exec "$@" --task_index="$SLURM_PROCID"' \
       task "$REPO" "${command[@]}"
     return
   fi
@@ -222,7 +324,7 @@ train_async() {
   local i code=0
   SERVERS=()  # The srun or pbsdsh processes that started the servers.
   mapfile -t flags < <(task_flags "$preset")
-  mapfile -t addresses < <(slot_addresses "${PS_PORT:-2222}")
+  mapfile -t addresses < <(slot_addresses "${PS_PORT:-$(job_port)}")
   if ((${#addresses[@]} <= num_ps)); then
     log "error: ${#addresses[@]} task slots for NUM_PS=$num_ps: no worker left"
     return 2
@@ -267,7 +369,10 @@ train_async() {
 # STOP_TIMEOUT seconds (default 120) after SIGTERM, it is killed.
 watch_coordinator() {
   local coordinator=$1 stop_at=0
+  REQUEUE=0
   trap 'kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' TERM INT
+  trap 'log "the time limit is near: checkpointing, then requeueing the job"
+    REQUEUE=1; kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' USR1
   while kill -0 "$coordinator" 2>/dev/null; do
     if ((!stop_at)) && ! servers_alive; then
       log "error: a server task exited; stopping the coordinator"
@@ -279,8 +384,11 @@ watch_coordinator() {
     fi
     sleep 2
   done
-  trap - TERM INT
-  wait "$coordinator"
+  trap - TERM INT USR1
+  local code=0
+  wait "$coordinator" || code=$?
+  if ((REQUEUE)); then requeue_job; fi
+  return "$code"
 }
 
 servers_alive() {

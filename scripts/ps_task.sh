@@ -17,5 +17,11 @@ else
   job=worker task=$((index - ${#ps[@]}))
 fi
 cd "$repo"
+# A stop to the job (scancel, requeue, preemption) sends SIGTERM to every
+# process at once, the servers too; but the coordinator's checkpoint reads
+# the variables the parameter servers hold. So under Slurm they ignore it
+# and end when the job script stops them (srun kills its tasks) or, at the
+# latest, with the job.
+if [[ -n ${SLURM_PROCID:-} ]]; then trap '' TERM; fi
 exec "$python" resnet_main.py --job_name="$job" --task_index="$task" \
   --ps_hosts="$ps_hosts" --worker_hosts="$worker_hosts"

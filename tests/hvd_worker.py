@@ -58,9 +58,11 @@ models.MODELS["pointwise_cnn"] = pointwise_cnn
 
 
 def dump_path(name):
-    # A Horovod rank, or a worker of a multi_worker TF_CONFIG cluster.
+    # A Horovod rank, a worker of a multi_worker TF_CONFIG cluster, or a
+    # task of a Slurm job step.
     task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
-    rank = int(os.environ.get("HOROVOD_RANK", task.get("index", 0)))
+    index = task.get("index", os.environ.get("SLURM_PROCID", 0))
+    rank = int(os.environ.get("HOROVOD_RANK", index))
     return os.path.join(FLAGS.dump_dir, f"{name}_rank{rank}")
 
 

@@ -92,7 +92,8 @@ STAND_INS = {
             FAKE_NODE=$((i / per_node)) "$@" &
           pids+=($!)
         done
-        trap 'kill "${pids[@]}" 2>/dev/null' TERM INT
+        # srun ends its tasks with SIGKILL when it is stopped.
+        trap 'kill -KILL "${pids[@]}" 2>/dev/null' TERM INT
         wait
     """,
     "scontrol": """
@@ -167,10 +168,6 @@ def run_script(path, home, engine=None):
         f"#!{sys.executable}\nPREFIXES = {PREFIXES!r}\n{RECORDER}"
     )
     recorder.chmod(0o755)
-    # train_horovod.slurm runs $REPO/.venv/bin/{horovodrun,python}.
-    fake_repo = home / "repo"
-    (fake_repo / ".venv").mkdir(parents=True)
-    (fake_repo / ".venv" / "bin").symlink_to(bin_dir)
     records = home / "records"
     records.mkdir()
     env = {
@@ -181,7 +178,6 @@ def run_script(path, home, engine=None):
         "RECORDS": str(records),
         "START_TIMEOUT": "30",
         **({"ENGINE": engine} if engine else {}),
-        **({"REPO": str(fake_repo)} if "train_horovod" in path else {}),
         **scheduler_env(path, home),
     }
     proc = subprocess.run(

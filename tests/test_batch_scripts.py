@@ -20,11 +20,10 @@ Everything runs in a loopback-only network namespace, as the local
 launchers do, since Horovod's rendezvous and TensorFlow's gRPC servers
 listen on all interfaces.
 
-To stay near 3 minutes on two cores, the single-node scripts, which differ
-only in the preset they name, are run once each but not under both
-schedulers (course_cifar100 under both, course_tinyimagenet under PBS,
-resnet18_cifar100 under Slurm), and the async job trains to the end under
-Slurm while under PBS it loses a worker;
+Every Slurm script also runs on a real two-node Slurm
+(`tests/test_slurm_cluster.py`, marked `cluster`), so here the scripts
+train under PBS's stand-ins, but for the async job, which trains to the end
+under the Slurm stand-ins while under PBS it loses a worker;
 `test_every_task_has_a_script_per_scheduler` checks what each of the ten
 files runs.
 """
@@ -56,8 +55,8 @@ FAKES = {
         #!/bin/bash
         # Stand-in for Slurm's srun on a one-node allocation: runs the
         # command once per task (--ntasks, else SLURM_NTASKS) with
-        # SLURM_PROCID set; stops them when it is stopped, or, with
-        # --kill-on-bad-exit=1, when one of them fails.
+        # SLURM_PROCID set; kills them when it is stopped (as srun does:
+        # SIGKILL), or, with --kill-on-bad-exit=1, when one of them fails.
         ntasks=$SLURM_NTASKS kill_on_bad_exit=0
         while [[ $1 == -* ]]; do
           [[ $1 == --ntasks=* ]] && ntasks=${1#*=}
@@ -69,7 +68,7 @@ FAKES = {
           SLURM_PROCID=$i "$@" &
           pids+=($!)
         done
-        stop() { kill "${pids[@]}" 2>/dev/null; wait; exit "$1"; }
+        stop() { kill -KILL "${pids[@]}" 2>/dev/null; wait; exit "$1"; }
         trap 'stop 143' TERM INT
         status=0
         for ((left = ntasks; left > 0; left--)); do
@@ -186,10 +185,8 @@ def assert_trained(log_root, text, steps=2):
     assert int(rows[-1]["step"]) == steps, rows
 
 
-@pytest.fixture(scope="module")
-def cifar100(tmp_path_factory):
-    """CIFAR-100 binary files, as the cifar100 presets read."""
-    folder = tmp_path_factory.mktemp("cifar100")
+def cifar100_files(folder):
+    """CIFAR-100 binary files in `folder`, as the cifar100 presets read."""
     write_cifar_records(folder / "train.bin", "cifar100", 64, seed=0)
     write_cifar_records(folder / "test.bin", "cifar100", 16, seed=1)
     return {
@@ -198,29 +195,45 @@ def cifar100(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="module")
-def tiny_imagenet(tmp_path_factory):
-    """A DATA_ROOT with a small tiny-imagenet-200/ in the official layout."""
+def tiny_imagenet_root(folder):
+    """A DATA_ROOT in `folder` with a small tiny-imagenet-200/."""
     from tests.test_tinyimagenet import write_tiny_imagenet
 
-    root = tmp_path_factory.mktemp("data")
-    write_tiny_imagenet(str(root / "tiny-imagenet-200"))
-    return {"DATA_ROOT": str(root)}
+    write_tiny_imagenet(str(folder / "tiny-imagenet-200"))
+    return str(folder)
 
 
-@pytest.fixture(scope="module")
-def resnet18_weights(tmp_path_factory):
+def resnet18_weights_file(folder):
     """A torchvision-style ResNet-18 state dict (random), for PRETRAINED."""
     from tests.test_pretrained import state_dict_of
     from tf_resnet.models import build_model
 
-    path = tmp_path_factory.mktemp("weights") / "resnet18.npz"
+    path = folder / "resnet18.npz"
     model = build_model("resnet18", 100, (32, 32, 3), stem="cifar")
     np.savez(path, **state_dict_of(model))
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def cifar100(tmp_path_factory):
+    return cifar100_files(tmp_path_factory.mktemp("cifar100"))
+
+
+@pytest.fixture(scope="module")
+def tiny_imagenet(tmp_path_factory):
+    return {"DATA_ROOT": tiny_imagenet_root(tmp_path_factory.mktemp("data"))}
+
+
+@pytest.fixture(scope="module")
+def resnet18_weights(tmp_path_factory):
+    return resnet18_weights_file(tmp_path_factory.mktemp("weights"))
+
+
 SCHEDULERS = ["slurm", "pbs"]
+# Where the scripts train here: each Slurm script runs on the real two-node
+# Slurm of tests/test_slurm_cluster.py (CI's cluster leg), so the stand-ins
+# train with the PBS scripts (and the async Slurm job, below).
+STAND_IN = ["pbs"]
 EXTENSION = {"slurm": "sbatch", "pbs": "pbs"}
 TASKS = (
     "course_cifar100",
@@ -254,7 +267,7 @@ def test_every_task_has_a_script_per_scheduler(scheduler):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_cifar100(scheduler, tmp_path, cifar100):
     code, text = run_job(
         f"course_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
@@ -267,7 +280,7 @@ def test_course_cifar100(scheduler, tmp_path, cifar100):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
     log_root = tmp_path / "tin"
     code, text = run_job(
@@ -280,7 +293,7 @@ def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("scheduler", STAND_IN)
 def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
     log_root = tmp_path / "r18"
     # The preset's network and weights, at 32x32 with the small-image stem
@@ -298,7 +311,7 @@ def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
 
 @requires_horovod
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
     log_root = tmp_path / "sync"
     code, text = run_job(
@@ -312,7 +325,7 @@ def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
     """ENGINE=multi_worker: srun/pbsdsh start the workers; no Horovod."""
     log_root = tmp_path / "sync_mw"
@@ -322,7 +335,7 @@ def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
          "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "2 multi_worker workers at localhost:2222,localhost:2223" in text
+    assert "2 multi_worker workers at localhost:34200,localhost:34201" in text
     # Both workers started, each with its own --task_index from SLURM_PROCID.
     assert text.count("distribution multi_worker") == 2, text[-4000:]
     assert "horovodrun" not in text, text[-4000:]
@@ -348,7 +361,7 @@ def test_course_async_cifar100(scheduler, tmp_path, cifar100):
         {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "ps localhost:2222, workers localhost:2223" in text
+    assert "ps localhost:34200, workers localhost:34201" in text
     assert "steps run per worker: [2]" in text
     assert_trained(log_root, text)
     # The script stopped the servers it started.

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests import horovod_runs
-from tests.helpers import ROOT
+from tests.helpers import ROOT, resnet8_flags
 from tf_resnet import config as config_lib
 from tf_resnet import engines
 from tf_resnet.distribute import multi_worker
@@ -53,20 +53,6 @@ def finish(process, timeout=240):
 def weights(dump_dir, rank, name="weights"):
     with np.load(os.path.join(dump_dir, f"{name}_rank{rank}.npz")) as arrays:
         return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
-
-
-@pytest.mark.slow
-def resnet8_flags(synthetic_cifar, log_root, *extra):
-    """Flags of a small BatchNorm network on the synthetic data."""
-    return [
-        "--dataset=cifar10",
-        f"--train_data_path={synthetic_cifar['train']}",
-        f"--eval_data_path={synthetic_cifar['eval']}",
-        f"--log_root={log_root}",
-        "--model=resnet8",
-        "--batch_size=32",
-        *extra,
-    ]
 
 
 def test_two_workers_train_exactly_like_one_process(tmp_path):
@@ -267,11 +253,14 @@ def test_cluster_from_slurm(monkeypatch):
         ("SLURM_STEP_NUM_TASKS", "4"),
         ("SLURM_STEP_NODELIST", "node[1-2]"),
         ("SLURM_STEP_TASKS_PER_NODE", "2(x2)"),
+        ("SLURM_JOB_ID", "4242"),
     ):
         monkeypatch.setenv(name, value)
     resolver = multi_worker.cluster_resolver()
+    # The job's own ports, 10000 + 100 * (4242 mod 500), as the batch
+    # scripts': two jobs on one node must not share a port.
     assert resolver.cluster_spec().as_dict() == {
-        "worker": ["node1:8888", "node1:8889", "node2:8888", "node2:8889"]
+        "worker": ["node1:34200", "node1:34201", "node2:34200", "node2:34201"]
     }
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
 
@@ -371,3 +360,13 @@ def test_launcher_refuses_a_mode_its_workers_cannot_run(capsys):
         launcher.parse_args(["--np=2", "--", "--distribution", "horovod"])
     error = capsys.readouterr().err
     assert "--distribution=horovod: these workers run" in error
+
+
+def test_launcher_advice_after_a_failed_worker():
+    advice = launcher.resume_advice(["--log_root", "/runs/a", "--model=x"])
+    assert advice(137) == (
+        "rerun the same command to resume from the latest checkpoint in "
+        "--log_root=/runs/a (or from the start if there is none)"
+    )
+    assert "in its --log_root" in launcher.resume_advice([])(4)
+    assert advice(2) == advice(3) == "its error line above says why"

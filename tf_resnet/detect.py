@@ -72,6 +72,21 @@ def slurm_step_tasks():
     return int(value) if value.isdigit() else 0
 
 
+def slurm_job_port():
+    """The first port of this Slurm job's servers on each node.
+
+    10000 + 100 * (job id mod 500), as scripts/course_job.sh's `job_port`:
+    jobs that share a node listen on ports of their own. One fixed port
+    would not fail loudly: TensorFlow's gRPC servers bind with
+    SO_REUSEPORT, so a second job's server starts on the same port and the
+    two jobs' workers reach each other's servers.
+    """
+    digits = "".join(
+        c for c in os.environ.get("SLURM_JOB_ID", "") if c.isdigit()
+    )
+    return 10000 + 100 * (int(digits or 0) % 500)
+
+
 def is_server_task(job_name=None):
     """A ps or worker task of a parameter-server cluster: it only serves."""
     return server_job(job_name) is not None

@@ -10,9 +10,11 @@ mode. Every engine's devices come from one plan (`devices.plan`).
 
 import dataclasses
 import os
+import socket
 
 import keras
 import tensorflow as tf
+from absl import logging
 
 from tf_resnet import detect, devices, engines
 
@@ -147,6 +149,13 @@ def start(config):
     )
     plan = device_plan(config, distribution)
     names = apply_plan(plan)
+    # Which host each process of a job runs on, in the job's log.
+    logging.info(
+        "process %d on host %s: %s",
+        os.getpid(),
+        socket.gethostname(),
+        plan.describe(),
+    )
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
     return Started(policy, distribution, reason, names, plan)

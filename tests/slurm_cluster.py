@@ -1,0 +1,392 @@
+"""A real two-node Slurm cluster on this machine, for the cluster tests.
+
+Debian's `slurm-wlm` and `munge` (installed by `./setup.sh test`) run
+unchanged; only the machines are stand-ins. Three network namespaces,
+each with its own hostname (UTS namespace) and address on a private
+bridge, stand in for a head node (`slurmctld`, where jobs are submitted)
+and two compute nodes (`slurmd` and `sshd` each):
+
+    head   10.77.0.1   bridge br0, slurmctld
+    node1  10.77.0.11  eth0 (veth on br0), slurmd, sshd
+    node2  10.77.0.12  eth0 (veth on br0), slurmd, sshd
+
+No namespace has a route anywhere else, so nothing the jobs open (gRPC
+servers, Horovod's rendezvous, sshd) is reachable from outside, and the
+machine's own network is not touched. One `munged` on a private socket
+signs Slurm's messages (a Unix socket needs no network). Every node has
+the same /etc/hosts and ssh client configuration, bound over /etc by
+`ip netns exec` from /etc/netns/<namespace>/, and accepts ssh as root
+with a key made for the cluster, as a cluster's nodes accept each other.
+
+Slurm runs without cgroups (`proctrack/linuxproc`, `task/none`). Each node
+declares 4 GPUs that do not exist (`gres.conf`, with copies of /dev/null
+for their device files), so the
+scripts' `--gpus-per-node` requests are granted and Slurm sets its GPU
+variables; TensorFlow sees no GPU and the jobs run on the CPU with
+`--num_gpus=0`. Finished jobs are read back from Slurm's job completion
+log (`jobcomp/filetxt`) and `scontrol show job`.
+
+What it does not prove: real hosts (the nodes share one kernel, file
+system and clock), real network latency, GPUs.
+"""
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import textwrap
+import time
+
+SUBNET = "10.77.0"
+HEAD = ("head", f"{SUBNET}.1")
+NODES = (("node1", f"{SUBNET}.11"), ("node2", f"{SUBNET}.12"))
+CPUS_PER_NODE = 32  # What the scripts ask for; Slurm believes it.
+GPUS_PER_NODE = 4
+FINAL_STATES = (
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+)  # fmt: skip
+ETC_FILES = ("hosts", "hostname", "ssh")  # Each node's own, over /etc.
+
+
+def missing_programs():
+    """The programs the cluster needs that this machine lacks."""
+    needed = ("munged", "slurmctld", "slurmd", "sbatch", "sshd", "ip")
+    return [name for name in needed if not _which(name)]
+
+
+def _which(name):
+    return shutil.which(name, path=os.environ["PATH"] + ":/usr/sbin:/sbin")
+
+
+def _run(*command, check=True, **kwargs):
+    return subprocess.run(
+        command, check=check, capture_output=True, text=True, **kwargs
+    )
+
+
+class SlurmCluster:
+    """Starts, uses and tears down the cluster; see the module docstring.
+
+    Args:
+      root: an empty directory for the cluster's configuration, state,
+        logs and keys.
+    """
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.tag = f"tfr{os.getpid()}"
+        self.conf = os.path.join(self.root, "slurm.conf")
+        self.jobcomp = os.path.join(self.root, "jobcomp.log")
+        self.env = {
+            **os.environ,
+            "SLURM_CONF": self.conf,
+            "PATH": os.environ["PATH"] + ":/usr/sbin:/sbin",
+        }
+        self._daemons = []
+
+    def namespace(self, host):
+        return f"{self.tag}-{host}"
+
+    # Set-up -------------------------------------------------------------
+
+    def start(self, timeout=60):
+        """Starts munged, slurmctld and both nodes; waits for them IDLE."""
+        try:
+            self._write_files()
+            self._make_network()
+            self._start_munge()
+            self._start_on("head", ["slurmctld", "-D", "-f", self.conf])
+            for host, _ in NODES:
+                self._start_on(
+                    host,
+                    ["/usr/sbin/sshd", "-D", "-f", "/etc/ssh/sshd_config"],
+                )
+                self._start_on(host, ["slurmd", "-D", "-f", self.conf])
+            self._wait_until_idle(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _write_files(self):
+        folders = ("state", "log", "ssh", "munge", "spool/node1", "spool/node2")
+        for sub in folders:
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        os.chmod(os.path.join(self.root, "munge"), 0o755)
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's own.
+        nodes = "\n".join(
+            f"NodeName={host} NodeAddr={address} CPUs={CPUS_PER_NODE} "
+            f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+            for host, address in NODES
+        )
+        root = self.root
+        _write(
+            self.conf,
+            f"""
+            ClusterName=tfresnet
+            SlurmctldHost={HEAD[0]}({HEAD[1]})
+            SlurmUser=root
+            SlurmdUser=root
+            AuthType=auth/munge
+            CredType=cred/munge
+            AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
+            StateSaveLocation={root}/state
+            SlurmdSpoolDir={root}/spool/%n
+            SlurmctldPidFile={root}/slurmctld.pid
+            SlurmdPidFile={root}/slurmd-%n.pid
+            SlurmctldLogFile={root}/log/slurmctld.log
+            SlurmdLogFile={root}/log/slurmd-%n.log
+            PlugStackConfig={root}/plugstack.conf
+            ProctrackType=proctrack/linuxproc
+            TaskPlugin=task/none
+            JobAcctGatherType=jobacct_gather/none
+            AccountingStorageType=accounting_storage/none
+            JobCompType=jobcomp/filetxt
+            JobCompLoc={self.jobcomp}
+            MpiDefault=none
+            SwitchType=switch/none
+            SchedulerType=sched/backfill
+            SelectType=select/cons_tres
+            SelectTypeParameters=CR_CPU
+            GresTypes=gpu
+            SlurmdParameters=config_overrides
+            ReturnToService=2
+            KillWait=30
+            MinJobAge=3600
+            SlurmctldTimeout=30
+            SlurmdTimeout=60
+            {nodes}
+            PartitionName=batch Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+            """,
+        )
+        # Slurm drops a GPU without a device file; /dev/null's numbers.
+        devices = []
+        for index in range(GPUS_PER_NODE):
+            device = os.path.join(root, "dev", f"gpu{index}")
+            os.makedirs(os.path.dirname(device), exist_ok=True)
+            if not os.path.exists(device):
+                os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            devices.append(device)
+        _write(
+            os.path.join(root, "gres.conf"),
+            "".join(f"Name=gpu File={device}\n" for device in devices),
+        )
+        _write(os.path.join(root, "plugstack.conf"), "")
+        key = os.path.join(root, "ssh", "id_ed25519")
+        if not os.path.exists(key):
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
+            _run(
+                "ssh-keygen", "-q", "-t", "ed25519", "-N", "",
+                "-f", os.path.join(root, "ssh", "host_key"),
+            )  # fmt: skip
+        shutil.copy(key + ".pub", os.path.join(root, "ssh", "authorized_keys"))
+        hosts = "127.0.0.1 localhost\n" + "".join(
+            f"{address} {host}\n" for host, address in (HEAD, *NODES)
+        )
+        for host, _ in (HEAD, *NODES):
+            etc = f"/etc/netns/{self.namespace(host)}"
+            os.makedirs(os.path.join(etc, "ssh"), exist_ok=True)
+            _write(os.path.join(etc, "hosts"), hosts)
+            _write(os.path.join(etc, "hostname"), host + "\n")
+            _write(
+                os.path.join(etc, "ssh", "ssh_config"),
+                f"""
+                Host *
+                  IdentityFile {key}
+                  StrictHostKeyChecking no
+                  UserKnownHostsFile /dev/null
+                  LogLevel ERROR
+                  BatchMode yes
+                """,
+            )
+            _write(
+                os.path.join(etc, "ssh", "sshd_config"),
+                f"""
+                HostKey {root}/ssh/host_key
+                AuthorizedKeysFile {root}/ssh/authorized_keys
+                PermitRootLogin prohibit-password
+                PasswordAuthentication no
+                KbdInteractiveAuthentication no
+                UsePAM no
+                StrictModes no
+                PidFile none
+                AcceptEnv *
+                """,
+            )
+
+    def _make_network(self):
+        head = self.namespace("head")
+        for host, _ in (HEAD, *NODES):
+            _run("ip", "netns", "add", self.namespace(host))
+            _run("ip", "-n", self.namespace(host), "link", "set", "lo", "up")
+        _run("ip", "-n", head, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", head, "addr", "add", f"{HEAD[1]}/24", "dev", "br0")
+        _run("ip", "-n", head, "link", "set", "br0", "up")
+        for host, address in NODES:
+            node = self.namespace(host)
+            _run(
+                "ip", "-n", head, "link", "add", f"to-{host}", "type", "veth",
+                "peer", "name", "eth0", "netns", node,
+            )  # fmt: skip
+            _run("ip", "-n", head, "link", "set", f"to-{host}", "master", "br0")
+            _run("ip", "-n", head, "link", "set", f"to-{host}", "up")
+            _run(
+                "ip", "-n", node, "addr", "add", f"{address}/24", "dev", "eth0"
+            )
+            _run("ip", "-n", node, "link", "set", "eth0", "up")
+
+    def _start_munge(self):
+        munge = os.path.join(self.root, "munge")
+        key = os.path.join(munge, "munge.key")
+        with open(key, "wb") as stream:
+            stream.write(os.urandom(1024))
+        os.chmod(key, 0o600)
+        self._spawn(
+            [
+                _which("munged"), "--foreground", "--force",
+                f"--socket={munge}/munge.socket", f"--key-file={key}",
+                f"--pid-file={munge}/munged.pid",
+                f"--log-file={self.root}/log/munged.log",
+                f"--seed-file={munge}/munged.seed",
+            ],
+            "munged",
+        )  # fmt: skip
+        _wait_for(lambda: os.path.exists(f"{munge}/munge.socket"), 20, "munged")
+
+    def _start_on(self, host, command):
+        """Runs a daemon on `host`: its namespace, hostname and /etc."""
+        self._spawn(
+            self.on(host, command), f"{os.path.basename(command[0])}@{host}"
+        )
+
+    def on(self, host, command):
+        """The command line that runs `command` on `host`.
+
+        Not `ip netns exec`, which mounts a new /sys without the cgroup
+        file systems that slurmd reads: the node's network namespace, a
+        mount namespace of its own with /etc/netns/<namespace>/* bound over
+        /etc, and a UTS namespace with the node's hostname.
+        """
+        etc = f"/etc/netns/{self.namespace(host)}"
+        binds = " && ".join(
+            f"mount --bind {etc}/{name} /etc/{name}" for name in ETC_FILES
+        )
+        return [
+            "nsenter", f"--net=/run/netns/{self.namespace(host)}",
+            "unshare", "--uts", "--mount", "--propagation", "slave",
+            "sh", "-c", f'hostname {host} && {binds} && exec "$@"', "sh",
+            *command,
+        ]  # fmt: skip
+
+    def _spawn(self, command, name):
+        log = open(os.path.join(self.root, "log", f"{name}.out"), "w")  # noqa: SIM115
+        process = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self._daemons.append(process)
+        time.sleep(0.2)
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited: {self.logs()}")
+
+    def _wait_until_idle(self, timeout):
+        def idle():
+            result = self.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False)
+            states = dict(
+                line.split() for line in result.stdout.splitlines() if line
+            )
+            return sorted(states) == ["node1", "node2"] and all(
+                state == "idle" for state in states.values()
+            )
+
+        _wait_for(idle, timeout, f"both nodes idle\n{self.logs()}")
+
+    # Use ----------------------------------------------------------------
+
+    def run(self, command, host="head", check=True, **kwargs):
+        """Runs a command on `host`: by default a client command (sbatch,
+        scontrol...) on the head node."""
+        return _run(
+            *self.on(host, command), check=check, env=self.env, **kwargs
+        )
+
+    def sbatch(self, script, cwd, env=(), args=()):
+        """Submits `script` from `cwd` as a user would; returns the job id."""
+        result = self.run(
+            ["env", *[f"{k}={v}" for k, v in dict(env).items()],
+             "sbatch", "--parsable", *args, script],
+            cwd=cwd,
+        )  # fmt: skip
+        return result.stdout.strip().split(";")[0]
+
+    def job(self, job_id):
+        """`scontrol show job` as a dict (empty once Slurm forgot the job)."""
+        result = self.run(
+            ["scontrol", "-o", "show", "job", str(job_id)], check=False
+        )
+        return dict(re.findall(r"(\w+)=(\S*)", result.stdout))
+
+    def wait(self, job_id, timeout, states=FINAL_STATES):
+        """Waits for the job to reach one of `states`; returns its record."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record = self.job(job_id)
+            if record.get("JobState") in states:
+                return record
+            time.sleep(1)
+        raise TimeoutError(f"job {job_id} still {self.job(job_id)}")
+
+    def completions(self, job_id):
+        """The job's lines of the job completion log, as dicts, in order."""
+        if not os.path.exists(self.jobcomp):
+            return []
+        with open(self.jobcomp) as stream:
+            lines = stream.readlines()
+        records = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in lines]
+        return [r for r in records if r.get("JobId") == str(job_id)]
+
+    def logs(self):
+        """The daemons' logs' tails, for a failure message."""
+        parts = []
+        folder = os.path.join(self.root, "log")
+        for name in sorted(os.listdir(folder)):
+            with open(os.path.join(folder, name), errors="replace") as stream:
+                tail = stream.read()[-1500:]
+            parts.append(f"--- {name}\n{tail}")
+        return "\n".join(parts)
+
+    # Tear-down ----------------------------------------------------------
+
+    def stop(self):
+        """Kills everything the cluster and its jobs run; removes it all."""
+        for host, _ in NODES + (HEAD,):
+            namespace = self.namespace(host)
+            pids = _run("ip", "netns", "pids", namespace, check=False)
+            for pid in pids.stdout.split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        for process in self._daemons:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+        for host, _ in (HEAD, *NODES):
+            _run("ip", "netns", "del", self.namespace(host), check=False)
+            shutil.rmtree(f"/etc/netns/{self.namespace(host)}", True)
+
+
+def _write(path, text):
+    with open(path, "w") as stream:
+        stream.write(textwrap.dedent(text).lstrip())
+
+
+def _wait_for(ready, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        time.sleep(0.5)
