@@ -332,7 +332,8 @@ def test_the_launcher_names_a_killed_worker_and_a_rerun_resumes(
 
 def horovod_flags(synthetic_cifar, log_root):
     """`train_flags` on Horovod; `start_worker` gives the dump directory."""
-    flags = train_flags(synthetic_cifar, log_root, "unused")[1:]
+    flags = train_flags(synthetic_cifar, log_root, "unused")
+    flags = [flag for flag in flags if not flag.startswith("--dump_dir=")]
     return [*flags, "--distribution=horovod"]
 
 
