@@ -17,6 +17,7 @@ Only requirements-latest.txt has Ray: the cluster tests skip elsewhere.
 """
 
 import contextlib
+import fcntl
 import importlib.util
 import os
 import re
@@ -182,12 +183,18 @@ def cluster():
         pytest.skip("Ray is not installed (requirements-latest.txt has it)")
     if os.getuid() != 0 or not NAMESPACE_TOOLS:
         pytest.skip("the test cluster's namespaces need root, unshare, nsenter")
-    cluster = Cluster()
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
+    # One Ray cluster at a time on this machine: pytest-xdist may run the
+    # two cluster tests in two workers, and two clusters' actors importing
+    # TensorFlow on 2 cores miss Ray's start-up timeouts.
+    lock_path = os.path.join(tempfile.gettempdir(), "tf_resnet_ray_test.lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster = Cluster()
+        try:
+            cluster.start()
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 def weights(dump_dir, rank, name="weights"):
