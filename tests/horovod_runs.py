@@ -65,6 +65,13 @@ def new_dir(name):
     return tempfile.mkdtemp(prefix=f"{name}_", dir=_ROOT)
 
 
+def dumped_weights(dump_dir, rank=0, name="weights"):
+    """The arrays rank `rank` of a worker run dumped as `<name>_rank<r>.npz`."""
+    path = os.path.join(dump_dir, f"{name}_rank{rank}.npz")
+    with np.load(path) as arrays:
+        return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+
+
 @dataclasses.dataclass
 class Run:
     """A finished worker run and what its ranks dumped."""
@@ -74,9 +81,7 @@ class Run:
     dump_dir: str
 
     def weights(self, rank=0, name="weights"):
-        path = os.path.join(self.dump_dir, f"{name}_rank{rank}.npz")
-        with np.load(path) as arrays:
-            return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+        return dumped_weights(self.dump_dir, rank, name)
 
     def check(self):
         assert self.returncode == 0, self.output[-3000:]

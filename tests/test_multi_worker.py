@@ -22,6 +22,7 @@ import pytest
 
 from tests import horovod_runs
 from tests.helpers import ROOT, resnet8_flags
+from tests.horovod_runs import dumped_weights
 from tf_resnet import config as config_lib
 from tf_resnet import engines
 from tf_resnet.distribute import multi_worker
@@ -50,11 +51,6 @@ def finish(process, timeout=240):
     return process.returncode, output
 
 
-def weights(dump_dir, rank, name="weights"):
-    with np.load(os.path.join(dump_dir, f"{name}_rank{rank}.npz")) as arrays:
-        return [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
-
-
 def test_two_workers_train_exactly_like_one_process(tmp_path):
     # horovod_runs' equivalence setup: the workers read strides of the one
     # process's permutation, and no crop or flip changes the model, so both
@@ -75,13 +71,16 @@ def test_two_workers_train_exactly_like_one_process(tmp_path):
     code, output = finish(cluster)
     assert code == 0, output[-3000:]
     assert single.returncode == 0, single.stderr[-3000:]
-    expected = weights(tmp_path, 0)
-    worker0, worker1 = weights(tmp_path / "mw", 0), weights(tmp_path / "mw", 1)
+    expected = dumped_weights(tmp_path, 0)
+    worker0, worker1 = (
+        dumped_weights(tmp_path / "mw", 0),
+        dumped_weights(tmp_path / "mw", 1),
+    )
     for ours, theirs in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
     # Float32 sums in another order: equal to 1e-4 of what training moved.
     horovod_runs.assert_same_weights(
-        worker0, expected, weights(tmp_path, 0, "first")
+        worker0, expected, dumped_weights(tmp_path, 0, "first")
     )
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
 
@@ -121,11 +120,17 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
     # Each worker evaluates its half; the counts add up on both.
     assert output.count("eval at step 12: precision") == 2
     assert output.count("over 200 examples") == 2
-    worker0, worker1 = weights(second_dump, 0), weights(second_dump, 1)
+    worker0, worker1 = (
+        dumped_weights(second_dump, 0),
+        dumped_weights(second_dump, 1),
+    )
     assert len(worker0) > 30  # Kernels, BN scale/offset/mean/variance.
     for ours, theirs in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
-    ema0, ema1 = weights(second_dump, 0, "ema"), weights(second_dump, 1, "ema")
+    ema0, ema1 = (
+        dumped_weights(second_dump, 0, "ema"),
+        dumped_weights(second_dump, 1, "ema"),
+    )
     assert len(ema0) == len(worker0)
     for ours, theirs in zip(ema0, ema1, strict=True):
         np.testing.assert_array_equal(ours, theirs)

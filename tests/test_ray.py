@@ -32,7 +32,7 @@ import pytest
 
 from tests import horovod_runs
 from tests.helpers import ROOT, resnet8_flags
-from tests.horovod_runs import Spec
+from tests.horovod_runs import Spec, dumped_weights
 from tf_resnet.launch import ray as launcher
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -197,10 +197,6 @@ def cluster():
             cluster.stop()
 
 
-def weights(dump_dir, rank, name="weights"):
-    return horovod_runs.Run(0, "", str(dump_dir)).weights(rank, name)
-
-
 @pytest.fixture(scope="module")
 def equivalence(cluster, tmp_path_factory):
     """Side by side: Ray multi_worker, Ray averaging, and one process."""
@@ -244,8 +240,8 @@ def check_multi_worker_equals_one_process(root, results, single):
     placed = re.findall(r"\(ip=(\S+), pid=\d+\) world_rank=\d", output)
     assert sorted(placed) == [HEAD, NODE], output[-5000:]
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
-    worker0 = weights(root / "multi_worker", 0)
-    worker1 = weights(root / "multi_worker", 1)
+    worker0 = dumped_weights(root / "multi_worker", 0)
+    worker1 = dumped_weights(root / "multi_worker", 1)
     for ours, theirs in zip(worker0, worker1, strict=True):
         assert (ours == theirs).all()
     horovod_runs.assert_same_weights(
@@ -259,11 +255,11 @@ def check_averaging_every_step_equals_synchronous_sgd(root, results, single):
     assert "over 2 replica(s) (averaging)" in output
     for rank in (0, 1):
         horovod_runs.assert_same_weights(
-            weights(root / "averaging", rank),
+            dumped_weights(root / "averaging", rank),
             single.weights(),
             single.weights(name="first"),
         )
-        slots = weights(root / "averaging", rank, "optimizer")
+        slots = dumped_weights(root / "averaging", rank, "optimizer")
         expected = single.weights(name="optimizer")
         assert len(slots) == len(expected) > 1
         assert slots[0] == expected[0]  # The step counter.
@@ -383,8 +379,8 @@ def check_the_workers_restart_from_the_last_checkpoint(root, code, output):
     assert saves == sorted(set(saves)), saves
     assert step in saves and saves[-1] == STEPS, saves
     # The second attempt's workers end equal, BatchNorm statistics too.
-    worker0 = weights(root / "resumed", 0)
-    worker1 = weights(root / "resumed", 1)
+    worker0 = dumped_weights(root / "resumed", 0)
+    worker1 = dumped_weights(root / "resumed", 1)
     assert len(worker0) > 30  # Kernels, BN scale/offset/mean/variance.
     for ours, theirs in zip(worker0, worker1, strict=True):
         assert (ours == theirs).all()

@@ -33,6 +33,7 @@ import pytest
 
 from tests import horovod_runs
 from tests.helpers import ROOT, requires_horovod, write_cifar_records
+from tests.horovod_runs import dumped_weights
 from tests.slurm_cluster import NODES, SlurmCluster, missing_programs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -197,17 +198,16 @@ def srun_workers(cluster, args, timeout=400):
     return result.returncode, result.stdout + result.stderr, dump_dir
 
 
-def dumped(dump_dir, rank, name="weights"):
-    return horovod_runs.Run(0, "", dump_dir).weights(rank, name)
-
-
 def assert_on_both_nodes(output):
     hosts = re.findall(r"process \d+ on host (\S+):", output)
     assert sorted(hosts) == ["node1", "node2"], output[-3000:]
 
 
 def assert_workers_identical(dump_dir, name="weights"):
-    first, second = dumped(dump_dir, 0, name), dumped(dump_dir, 1, name)
+    first, second = (
+        dumped_weights(dump_dir, 0, name),
+        dumped_weights(dump_dir, 1, name),
+    )
     assert len(first) == len(second) > 0
     for ours, theirs in zip(first, second, strict=True):
         np.testing.assert_array_equal(ours, theirs)
@@ -226,7 +226,9 @@ def test_multi_worker_across_nodes_equals_one_process(cluster):
     assert_workers_identical(dump_dir)
     (single,) = horovod_runs.equivalence_runs(Spec("default"))
     horovod_runs.assert_same_weights(
-        dumped(dump_dir, 0), single.weights(), single.weights(name="first")
+        dumped_weights(dump_dir, 0),
+        single.weights(),
+        single.weights(name="first"),
     )
 
 
@@ -242,7 +244,9 @@ def test_averaging_every_step_across_nodes_equals_synchronous_sgd(cluster):
     (sync,) = horovod_runs.equivalence_runs(Spec("default"))
     for rank in (0, 1):
         horovod_runs.assert_same_weights(
-            dumped(dump_dir, rank), sync.weights(), sync.weights(name="first")
+            dumped_weights(dump_dir, rank),
+            sync.weights(),
+            sync.weights(name="first"),
         )
 
 
@@ -257,7 +261,9 @@ def test_batch_norm_statistics_agree_across_nodes(cluster, synthetic_cifar):
     )  # fmt: skip
     assert code == 0, output[-5000:]
     assert_on_both_nodes(output)
-    assert len(dumped(dump_dir, 0)) > 30  # Kernels, BN scale/offset/mean/var.
+    assert (
+        len(dumped_weights(dump_dir, 0)) > 30
+    )  # Kernels, BN scale/offset/mean/var.
     assert_workers_identical(dump_dir)
     assert_workers_identical(dump_dir, "ema")
 
@@ -281,7 +287,9 @@ def test_horovod_ranks_over_ssh_equal_one_process(cluster):
     assert_workers_identical(dump_dir)
     (single,) = horovod_runs.equivalence_runs(Spec("default"))
     horovod_runs.assert_same_weights(
-        dumped(dump_dir, 0), single.weights(), single.weights(name="first")
+        dumped_weights(dump_dir, 0),
+        single.weights(),
+        single.weights(name="first"),
     )
 
 
