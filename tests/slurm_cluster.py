@@ -80,8 +80,11 @@ class SlurmCluster:
         self.tag = f"tfr{os.getpid()}"
         self.conf = os.path.join(self.root, "slurm.conf")
         self.jobcomp = os.path.join(self.root, "jobcomp.log")
+        # The jobs' scratch files (a killed worker leaves its own behind)
+        # stay in the cluster's folder, not in the machine's /tmp.
         self.env = {
             **os.environ,
+            "TMPDIR": os.path.join(self.root, "tmp"),
             "SLURM_CONF": self.conf,
             "PATH": os.environ["PATH"] + ":/usr/sbin:/sbin",
         }
@@ -112,7 +115,15 @@ class SlurmCluster:
         return self
 
     def _write_files(self):
-        folders = ("state", "log", "ssh", "munge", "spool/node1", "spool/node2")
+        folders = (
+            "state",
+            "log",
+            "ssh",
+            "munge",
+            "tmp",
+            "spool/node1",
+            "spool/node2",
+        )
         for sub in folders:
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         os.chmod(os.path.join(self.root, "munge"), 0o755)
