@@ -371,8 +371,7 @@ watch_coordinator() {
   local coordinator=$1 stop_at=0
   REQUEUE=0
   trap 'kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' TERM INT
-  trap 'log "the time limit is near: checkpointing, then requeueing the job"
-    REQUEUE=1; kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' USR1
+  trap 'time_limit_near; ((stop_at)) || stop_at=$SECONDS' USR1
   while kill -0 "$coordinator" 2>/dev/null; do
     if ((!stop_at)) && ! servers_alive; then
       log "error: a server task exited; stopping the coordinator"
