@@ -360,6 +360,7 @@ REQUEUE_JOBS = {
         "slurm/course_sync_cifar100.sbatch",
         {"ENGINE": "multi_worker"},
     ),
+    "parameter_server_time_limit": ("slurm/course_async_cifar100.sbatch", {}),
 }
 
 
@@ -399,7 +400,7 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
     requeued = submit_small(cluster, data, requeued_home, script, env)
     # After the first periodic checkpoint: the stop's is a later one.
     wait_for_output(requeued_home, r"step 13/60")
-    if engine == "time_limit":
+    if engine.endswith("time_limit"):
         cluster.run(["scancel", "--batch", "--signal=USR1", requeued])
     else:
         cluster.run(["scontrol", "requeue", requeued])
@@ -408,13 +409,13 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
         assert record["JobState"] == "COMPLETED", output_of(home)[-5000:]
     assert cluster.job(requeued)["Restarts"] == "1"
     text = output_of(requeued_home)
-    if engine == "time_limit":
+    if engine.endswith("time_limit"):
         assert "the time limit is near: checkpointing" in text, text[-5000:]
         assert f"requeueing job {requeued}" in text, text[-5000:]
     # Every training process stopped at one step, and the job's second
     # start resumed there, in every process.
     stops = re.findall(r"resnet_main: stopped: .* at step (\d+)", text)
-    processes = 1 if engine == "parameter_server" else 2
+    processes = 1 if engine.startswith("parameter_server") else 2
     # horovodrun ends the ssh session of the rank on node2 on SIGTERM, so
     # that rank's last lines are lost; it stops with the others all the
     # same (it resumes from their checkpoint, below).
