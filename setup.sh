@@ -21,40 +21,126 @@ TF_PIN=$(grep -E '^tensorflow(-cpu|\[and-cuda\])?==' "$REQUIREMENTS")
 KEY=$(grep -hv '^[[:space:]]*\(#\|$\)' "$REQUIREMENTS" requirements-dev.txt |
   sha256sum | cut -c1-12)
 VENV=${TF_RESNET_VENV:-$CACHE/venv-$KEY}
-WHEELS=$CACHE/wheels/horovod-$HOROVOD_VERSION-${TF_PIN//[^A-Za-z0-9.]/_}
 
 log() { echo "[setup] $*" >&2; }
 
-install_build_packages() {
-  # Horovod's TensorFlow build needs these headers for TF >= 2.16.
-  local missing=()
-  for pkg in libhighwayhash-dev libfarmhash-dev cmake g++; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
-  done
-  [ ${#missing[@]} -eq 0 ] && return
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  log "installing Debian packages: ${missing[*]}"
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+# Horovod's TensorFlow build (TF >= 2.16) includes these headers through
+# TensorFlow's own; Debian/Ubuntu ship them in these packages.
+BUILD_HEADERS=(farmhash.h highwayhash/sip_hash.h)
+BUILD_DEBS=(libfarmhash-dev libhighwayhash-dev)
+# From PyPI where no cmake is on PATH. Below 4: Horovod 0.28.1's bundled
+# Gloo asks for a cmake_minimum_required that cmake 4 refuses.
+CMAKE_PIN=cmake==3.31.6
+BUILD_DEPS=$CACHE/build-deps
+
+have_headers() {
+  printf '#include <%s>\n' "${BUILD_HEADERS[@]}" |
+    "${CXX:-g++}" -x c++ -E -o /dev/null - 2>/dev/null
+}
+
+fetch_headers_as_user() {
+  # Debian/Ubuntu without root: apt-get download + dpkg -x into the cache.
+  command -v apt-get >/dev/null && command -v dpkg >/dev/null || return 1
+  log "fetching ${BUILD_DEBS[*]} into $BUILD_DEPS (no root needed)"
+  rm -rf "$BUILD_DEPS" && mkdir -p "$BUILD_DEPS/debs"
+  (cd "$BUILD_DEPS/debs" && apt-get download -q "${BUILD_DEBS[@]}") \
+    >/dev/null 2>&1 || return 1
+  local deb
+  for deb in "$BUILD_DEPS"/debs/*.deb; do dpkg -x "$deb" "$BUILD_DEPS/root"; done
+}
+
+use_fetched_headers() {
+  [ -d "$BUILD_DEPS/root/usr/include" ] &&
+    export CPATH="$BUILD_DEPS/root/usr/include${CPATH:+:$CPATH}"
+  return 0
+}
+
+build_tools_ready() {
+  # What Horovod's build needs: a C++ compiler, the headers, cmake. As
+  # root, Debian's packages (apt-get install); as a user, the headers
+  # from Debian's archive into the cache and cmake from PyPI. Returns 1
+  # with one line saying what is missing and what to do.
+  local root=""
+  [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null && root=1
+  if [ -n "$root" ]; then
+    local missing=() pkg
+    for pkg in "${BUILD_DEBS[@]}" cmake g++; do
+      dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+      log "installing Debian packages: ${missing[*]}"
+      apt-get update -qq
+      apt-get install -y -qq "${missing[@]}" >/dev/null
+    fi
+  fi
+  if ! "${CXX:-g++}" --version >/dev/null 2>&1; then
+    skip_horovod "no C++ compiler (${CXX:-g++})" \
+      "load a compiler module (e.g. module load gcc) or set CXX"
+    return 1
+  fi
+  use_fetched_headers
+  if ! have_headers && ! { fetch_headers_as_user && use_fetched_headers && have_headers; }; then
+    skip_horovod "headers ${BUILD_HEADERS[*]} not found" \
+      "install ${BUILD_DEBS[*]}, or put a folder holding them on CPATH"
+    return 1
+  fi
+  if ! cmake --version >/dev/null 2>&1; then
+    log "cmake from PyPI ($CMAKE_PIN)"
+    "$VENV/bin/pip" install -q "$CMAKE_PIN"
+  fi
+}
+
+skip_horovod() {
+  log "horovod not built: $1; $2, then run ./setup.sh env again." \
+    "Every engine but horovod and averaging works without it."
+}
+
+horovod_flavour() {
+  # Horovod with MPI and Gloo where an MPI compiler is on PATH, so that
+  # mpirun and srun --mpi start its ranks as well as horovodrun; else Gloo.
+  if mpicxx --version >/dev/null 2>&1; then echo mpi-gloo; else echo gloo; fi
 }
 
 build_horovod_wheel() {
-  [ -n "$HOROVOD_VERSION" ] || return 0  # A requirement set without Horovod.
-  ls "$WHEELS"/horovod-*.whl >/dev/null 2>&1 && return
-  install_build_packages
-  log "building horovod $HOROVOD_VERSION against $TF_PIN (a few minutes)"
-  local gpu_ops=()
-  if [[ "$TF_PIN" == *and-cuda* ]]; then gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL); fi
-  mkdir -p "$WHEELS.tmp"
+  local wheels=$1 flavour=$2
+  log "building horovod $HOROVOD_VERSION ($flavour) against $TF_PIN (a few minutes)"
+  local options=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
+    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
+  if [ "$flavour" = mpi-gloo ]; then options+=(HOROVOD_WITH_MPI=1)
+  else options+=(HOROVOD_WITHOUT_MPI=1); fi
+  if [[ "$TF_PIN" == *and-cuda* ]]; then options+=(HOROVOD_GPU_OPERATIONS=NCCL); fi
+  rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
   # --no-cache-dir: pip caches built wheels by version only, so a horovod
   # wheel built against another TensorFlow would be reused silently.
-  env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 "${gpu_ops[@]}" \
-    MAKEFLAGS="-j$(nproc)" \
+  env "${options[@]}" PATH="$VENV/bin:$PATH" MAKEFLAGS="-j$(nproc)" \
     "$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps \
-    -w "$WHEELS.tmp" "horovod==$HOROVOD_VERSION"
-  rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
+    -w "$wheels.tmp" "horovod==$HOROVOD_VERSION"
+  rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+}
+
+install_horovod() {
+  # Retried by every run until it is in: a set-up that could not build it
+  # still leaves a working environment, and a later run (headers found,
+  # module loaded) adds it.
+  [ -n "$HOROVOD_VERSION" ] || return 0  # A requirement set without Horovod.
+  local flavour installed=""
+  flavour=$(horovod_flavour)
+  [ -f "$VENV/.horovod" ] && installed=$(<"$VENV/.horovod")
+  # Built with MPI once an MPI is there; never rebuilt without it (an MPI
+  # module not loaded this time).
+  [ -n "$installed" ] && { [ "$installed" = "$flavour" ] || [ "$flavour" = gloo ]; } && return
+  local wheels=$CACHE/wheels/horovod-$HOROVOD_VERSION-$flavour-${TF_PIN//[^A-Za-z0-9.]/_}
+  if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
+    build_tools_ready || return 0
+    build_horovod_wheel "$wheels" "$flavour"
+  fi
+  "$VENV/bin/pip" install -q --find-links "$wheels" -r "$REQUIREMENTS"
+  if [ -n "$installed" ]; then  # The Gloo-only build, replaced.
+    "$VENV/bin/pip" install -q --force-reinstall --no-deps --find-links "$wheels" \
+      "horovod==$HOROVOD_VERSION"
+  fi
+  echo "$flavour" >"$VENV/.horovod"
+  log "horovod $HOROVOD_VERSION installed ($flavour)"
 }
 
 setup_env() {
@@ -69,10 +155,9 @@ setup_env() {
     # Everything but horovod first: its build imports TensorFlow.
     "$VENV/bin/pip" install -q -r <(grep -v '^horovod' "$REQUIREMENTS") \
       -r requirements-dev.txt
-    build_horovod_wheel
-    "$VENV/bin/pip" install -q --find-links "$WHEELS" -r "$REQUIREMENTS"
     touch "$VENV/.complete"
   fi
+  install_horovod
   ln -sfn "$VENV" .venv
 }
 
@@ -90,10 +175,12 @@ run_demo() {
 }
 
 install_cluster_packages() {
-  # The cluster tests' real Slurm (tests/slurm_cluster.py): Debian's
-  # packages, as root; elsewhere those tests are skipped with a reason.
+  # The cluster tests' real Slurm (tests/slurm_cluster.py), Open MPI (which
+  # Horovod is then built with) and Lmod: Debian's packages, as root, before
+  # the environment is made; elsewhere those tests are skipped with a reason.
   local missing=()
-  for pkg in slurm-wlm munge openssh-server openssh-client iproute2; do
+  for pkg in slurm-wlm munge openssh-server openssh-client iproute2 \
+    openmpi-bin libopenmpi-dev lmod; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -108,7 +195,6 @@ install_cluster_packages() {
 }
 
 run_tests() {
-  install_cluster_packages
   .venv/bin/ruff check .
   # One pytest worker per core, at most 4: a test may start four
   # TensorFlow processes of its own. TF_RESNET_TEST_WORKERS overrides.
@@ -120,6 +206,7 @@ run_tests() {
 
 command=${1:-env}
 shift || true
+if [ "$command" = test ]; then install_cluster_packages; fi
 setup_env
 case "$command" in
   env) log "environment ready at .venv -> $VENV" ;;

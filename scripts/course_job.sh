@@ -17,12 +17,21 @@
 #                resubmitting with the same LOG_ROOT resumes the run
 #   EXTRA_FLAGS  appended to every resnet_main.py command; they win over the
 #                preset (e.g. "--train_epochs=30 --dtype=float32")
-#   ENGINE       sync task: horovod (default: horovodrun, one rank per task
-#                slot) or multi_worker (--distribution=multi_worker, one
+#   MODULES      environment modules to load first, e.g. "gcc openmpi"
+#                (`module load $MODULES`; Lmod or Environment Modules)
+#   ENGINE       sync task: horovod (default: one rank per task slot, see
+#                LAUNCHER) or multi_worker (--distribution=multi_worker, one
 #                worker per task slot started by srun or pbsdsh; no Horovod
 #                needed)
+#   LAUNCHER     sync task, horovod: horovodrun (default: ranks of other
+#                nodes over ssh, Gloo), srun (Slurm: `srun --mpi=$SRUN_MPI`,
+#                Horovod on MPI, no ssh) or mpirun (the MPI's own launcher,
+#                which reads the allocation)
+#   SRUN_MPI     LAUNCHER=srun: Slurm's MPI plugin (default pmix)
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
+#   MAX_REQUEUES Slurm: how often a job whose step lost a task (a node gone:
+#                exit 4) requeues itself (default 2)
 #   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
 #                (default: the job's base port, see job_port)
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
@@ -40,6 +49,14 @@
 # (`#SBATCH --signal=B:USR1@300`): the training is stopped the same way and
 # the job requeues itself (`#SBATCH --requeue`), so a run longer than the
 # time limit goes on in the next allocation instead of ending TIMEOUT.
+#
+# A node lost in the middle of a job step (srun): the other tasks exit 4
+# ("lost a task of the training cluster"), but srun waits for the lost
+# node's tasks until the time limit. Each task of a step writes its exit
+# code to a file; STEP_GRACE seconds (default 30) after a task failed, the
+# step is ended. A lost task (4) requeues the job, up to MAX_REQUEUES
+# times; bad input (2) or a divergence (3) would only fail again, and ends
+# the job FAILED.
 
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 DATA_ROOT=${DATA_ROOT:-$HOME/data}
@@ -49,28 +66,144 @@ read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 
 log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
 
-# Runs the job's command in the background and waits for it: bash runs no
-# trap while a foreground command runs, so only this way does the shell act
-# on a signal at once. SIGTERM needs no passing on: the scheduler sends it
+# `module load $MODULES`, where a cluster has environment modules; nothing
+# when MODULES is empty. Batch shells do not always define `module`: it is
+# looked for in the usual init files of Lmod and Environment Modules.
+load_modules() {
+  [[ -n ${MODULES:-} ]] || return 0
+  if ! type module >/dev/null 2>&1; then
+    local init
+    for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh \
+      /usr/share/lmod/lmod/init/bash /usr/share/modules/init/bash; do
+      if [[ -f $init ]]; then
+        # shellcheck disable=SC1090
+        set +u && source "$init" && set -u
+        break
+      fi
+    done
+  fi
+  if ! type module >/dev/null 2>&1; then
+    log "error: MODULES=$MODULES, but this node has no module command"
+    exit 2
+  fi
+  local name
+  read -ra names <<<"$MODULES"
+  for name in "${names[@]}"; do
+    # Lmod's and Environment Modules' `module` read unset variables.
+    set +u
+    module load "$name" || { set -u; log "error: module load $name failed"; exit 2; }
+    set -u
+  done
+  log "modules loaded: $MODULES"
+}
+load_modules
+
+# Runs the job's command in the background and polls it every second: bash
+# runs no trap while a foreground command runs, so only this way does the
+# shell act on a signal within a second. SIGTERM needs no passing on: the scheduler sends it
 # to every process of the job (scancel, requeue, preemption; qdel), and the
 # training processes agree on the step to stop at among themselves. SIGUSR1,
 # the time limit's warning, stops the training the same way and requeues
-# the job once it has exited. Returns the command's exit code.
+# the job once it has exited. With STEP_STATUS set (a job step started by
+# `step_command`), a failed task ends the step STEP_GRACE seconds later and
+# a lost task requeues the job. Returns the command's exit code, or the
+# failed task's.
 run_job_command() {
-  local code
+  local code=0 failed_at=0 failed=""
   REQUEUE=0
   "$@" &
   JOB_COMMAND=$!
   trap : TERM INT
   trap 'time_limit_near' USR1
-  while :; do
-    code=0
-    wait "$JOB_COMMAND" || code=$?
-    kill -0 "$JOB_COMMAND" 2>/dev/null || break  # Else a trap ran.
+  while kill -0 "$JOB_COMMAND" 2>/dev/null; do
+    if [[ -n ${STEP_STATUS:-} ]] && ((!failed_at)); then
+      failed=$(failed_task)
+      if [[ -n $failed ]]; then
+        failed_at=$SECONDS
+        log "task ${failed% *} of the job step exited with code ${failed#* }"
+      fi
+    fi
+    if ((failed_at && SECONDS - failed_at >= ${STEP_GRACE:-30})); then
+      log "the job step still runs ${STEP_GRACE:-30}s after a task failed" \
+        "(a lost node?): ending it"
+      kill -KILL "$JOB_COMMAND" 2>/dev/null || true
+    fi
+    sleep 1
   done
+  wait "$JOB_COMMAND" || code=$?
   trap - TERM INT USR1
+  if [[ -n ${STEP_STATUS:-} ]]; then
+    [[ -n $failed ]] || failed=$(failed_task)
+    rm -rf "$STEP_STATUS"
+    rmdir "$(dirname "$STEP_STATUS")" 2>/dev/null || true
+    STEP_STATUS=""
+  fi
+  if [[ -n $failed ]]; then
+    code=${failed#* }
+    if ((code == 4)); then requeue_after_lost_task; fi
+  fi
   if ((REQUEUE)); then requeue_job; fi
   return "$code"
+}
+
+# Sets STEP to srun's command line for a job step of $2 tasks, one per
+# task slot, with Slurm's MPI plugin $1 (none for TensorFlow's own workers,
+# even where the cluster's MpiDefault is an MPI). Each task runs the rest of
+# the arguments in REPO, with --task_index=<its rank> where the first
+# argument is --task_index, and writes its exit code to STEP_STATUS/<rank>
+# (see run_job_command). The task's shell traps SIGTERM, which the
+# scheduler sends to every process of the step, so that it outlives the
+# training process's checkpoint and records its code. No
+# --kill-on-bad-exit: srun would have Slurm signal the step on every node,
+# and where a node is lost that signal waits in Slurm's queue until the
+# node is back, then stops the requeued job's step of the same number;
+# run_job_command ends the step itself.
+step_command() {
+  local mpi=$1 tasks=$2 index=""
+  shift 2
+  if [[ $1 == --task_index ]]; then index=1 && shift; fi
+  STEP_STATUS=$(step_status_dir)
+  STEP=(srun --ntasks="$tasks" --distribution=block --mpi="$mpi" /bin/bash -c
+    'trap : TERM; cd "$1" && status=$2 index=$3 && shift 3
+     "$@" ${index:+--task_index="$SLURM_PROCID"}; code=$?
+     echo "$code" >"$status/$SLURM_PROCID"; exit "$code"'
+    task "$REPO" "$STEP_STATUS" "$index" "$@")
+}
+
+# A fresh folder for the exit codes of this run of the job: on the shared
+# file system (the tasks run on other nodes), beside the job's output.
+step_status_dir() {
+  local dir=${SLURM_SUBMIT_DIR:-$PWD}/.tf-resnet-steps/$(job_id).${SLURM_RESTART_COUNT:-0}
+  rm -rf "$dir" && mkdir -p "$dir"
+  echo "$dir"
+}
+
+# "<task> <code>" of the first task of the step that exited non-zero.
+failed_task() {
+  local file code
+  for file in "$STEP_STATUS"/*; do
+    [[ -f $file ]] || continue
+    code=$(<"$file")
+    if [[ -n $code && $code != 0 ]]; then
+      echo "$(basename "$file") $code"
+      return
+    fi
+  done
+}
+
+# A task lost its peers (a node or a process of the step gone): what a
+# requeue fixes, from the last checkpoint, up to MAX_REQUEUES times.
+requeue_after_lost_task() {
+  local restarts=${SLURM_RESTART_COUNT:-0}
+  if [[ $SCHEDULER != slurm ]]; then return; fi
+  if ((restarts >= ${MAX_REQUEUES:-2})); then
+    log "a task lost its peers again; restarted $restarts times already" \
+      "(MAX_REQUEUES=${MAX_REQUEUES:-2}): not requeueing"
+    return
+  fi
+  log "a task lost its peers (exit 4): requeueing, restart $((restarts + 1))" \
+    "of at most ${MAX_REQUEUES:-2}"
+  REQUEUE=1
 }
 
 # Runs a launcher (horovodrun) that would end its children on SIGTERM with
@@ -243,21 +376,47 @@ train_sync() {
   esac
 }
 
-# One Horovod rank per task slot.
+# One Horovod rank per task slot, started by LAUNCHER: horovodrun (ssh and
+# Gloo), srun (Slurm's PMIx or PMI2 and Horovod's MPI; as the course's
+# `aprun -n N -N 1`) or mpirun (the MPI's own launcher).
 train_sync_horovod() {
   local preset=$1 flags hosts ranks horovod_flags
   mapfile -t flags < <(task_flags "$preset")
   read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
   hosts=$(horovod_hosts)
   ranks=$(job_slots | wc -l)
+  local command=("$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}"
+    ${EXTRA[@]+"${EXTRA[@]}"})
   cd "$REPO"
-  log "$preset: $ranks ranks on $hosts"
-  # horovodrun starts the ranks of other hosts over ssh.
-  run_job_command ignoring_term "$(dirname "$PYTHON")/horovodrun" \
-    -np "$ranks" -H "$hosts" --gloo \
-    ${horovod_flags[@]+"${horovod_flags[@]}"} \
-    "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
-    ${EXTRA[@]+"${EXTRA[@]}"}
+  log "$preset: $ranks ranks on $hosts (${LAUNCHER:-horovodrun})"
+  case ${LAUNCHER:-horovodrun} in
+    horovodrun)
+      # horovodrun starts the ranks of other hosts over ssh.
+      run_job_command ignoring_term "$(dirname "$PYTHON")/horovodrun" \
+        -np "$ranks" -H "$hosts" --gloo \
+        ${horovod_flags[@]+"${horovod_flags[@]}"} "${command[@]}"
+      ;;
+    srun)
+      if [[ $SCHEDULER != slurm ]]; then
+        log "error: LAUNCHER=srun needs Slurm; use mpirun or horovodrun"
+        return 2
+      fi
+      step_command "${SRUN_MPI:-pmix}" "$ranks" "${command[@]}"
+      run_job_command "${STEP[@]}"
+      ;;
+    mpirun)
+      # Open MPI and MPICH read Slurm's allocation; under PBS without TM
+      # support they need the node file.
+      local hostfile=()
+      if [[ $SCHEDULER == pbs ]]; then hostfile=(-hostfile "$PBS_NODEFILE"); fi
+      run_job_command ignoring_term mpirun -np "$ranks" \
+        ${hostfile[@]+"${hostfile[@]}"} "${command[@]}"
+      ;;
+    *)
+      log "error: LAUNCHER=$LAUNCHER: expected horovodrun, srun or mpirun"
+      return 2
+      ;;
+  esac
 }
 
 # One --distribution=multi_worker worker per task slot (TensorFlow's
@@ -277,12 +436,10 @@ train_sync_multi_worker() {
     ${EXTRA[@]+"${EXTRA[@]}"} --distribution=multi_worker
     --worker_hosts="$hosts")
   if [[ $SCHEDULER == slurm ]]; then
-    # One task per slot, its index from SLURM_PROCID; srun stops them all
-    # when one fails.
-    run_job_command srun --ntasks="${#addresses[@]}" --distribution=block \
-      --kill-on-bad-exit=1 /bin/bash -c \
-      'cd "$1" && shift && exec "$@" --task_index="$SLURM_PROCID"' \
-      task "$REPO" "${command[@]}"
+    # One task per slot, its index from SLURM_PROCID; the step ends when
+    # one fails.
+    step_command none "${#addresses[@]}" --task_index "${command[@]}"
+    run_job_command "${STEP[@]}"
     return
   fi
   for i in "${!addresses[@]}"; do
@@ -339,7 +496,7 @@ train_async() {
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
     srun --ntasks="${#addresses[@]}" --distribution=block --kill-on-bad-exit=1 \
-      "${task[@]}" &
+      --mpi=none "${task[@]}" &
     SERVERS+=($!)
   else
     for i in "${!addresses[@]}"; do

@@ -58,10 +58,11 @@ models.MODELS["pointwise_cnn"] = pointwise_cnn
 
 
 def dump_path(name):
-    # A Horovod rank, a worker of a multi_worker TF_CONFIG cluster, or a
-    # task of a Slurm job step.
+    # A Horovod rank (horovodrun's or mpirun's), a worker of a multi_worker
+    # TF_CONFIG cluster, or a task of a Slurm job step.
     task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
     index = task.get("index", os.environ.get("SLURM_PROCID", 0))
+    index = os.environ.get("OMPI_COMM_WORLD_RANK", index)
     rank = int(os.environ.get("HOROVOD_RANK", index))
     return os.path.join(FLAGS.dump_dir, f"{name}_rank{rank}")
 

@@ -32,6 +32,7 @@ system and clock), real network latency, GPUs.
 
 import contextlib
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -49,6 +50,7 @@ FINAL_STATES = (
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
 )  # fmt: skip
 ETC_FILES = ("hosts", "hostname", "ssh")  # Each node's own, over /etc.
+PMIX_TMP = "pmix"  # Each node's own, under the cluster's folder.
 
 
 def missing_programs():
@@ -126,7 +128,20 @@ class SlurmCluster:
         )
         for sub in folders:
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+        # PMIx's client folders (`srun --mpi=pmix`) are named by job and
+        # step under one base, /tmp by default: nodes that share a file
+        # system would collide, so each node has its own, bound over
+        # PMIX_TMP in its mount namespace (`on`).
+        os.makedirs(os.path.join(self.root, PMIX_TMP), exist_ok=True)
+        for host, _ in (HEAD, *NODES):
+            folder = os.path.join(self.root, "nodes", host)
+            os.makedirs(folder, exist_ok=True)
+            os.chmod(folder, 0o1777)
         os.chmod(os.path.join(self.root, "munge"), 0o755)
+        # Jobs of plain users (`as_user`) read the configuration and write
+        # their scratch files here.
+        os.chmod(self.root, 0o755)
+        os.chmod(os.path.join(self.root, "tmp"), 0o1777)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's own.
         nodes = "\n".join(
             f"NodeName={host} NodeAddr={address} CPUs={CPUS_PER_NODE} "
@@ -186,6 +201,10 @@ class SlurmCluster:
             "".join(f"Name=gpu File={device}\n" for device in devices),
         )
         _write(os.path.join(root, "plugstack.conf"), "")
+        _write(
+            os.path.join(root, "mpi.conf"),
+            f"PMIxCliTmpDirBase={root}/{PMIX_TMP}\n",
+        )
         key = os.path.join(root, "ssh", "id_ed25519")
         if not os.path.exists(key):
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key)
@@ -197,6 +216,7 @@ class SlurmCluster:
         hosts = "127.0.0.1 localhost\n" + "".join(
             f"{address} {host}\n" for host, address in (HEAD, *NODES)
         )
+        keys = os.path.join(root, "ssh", "authorized_keys")
         for host, _ in (HEAD, *NODES):
             etc = f"/etc/netns/{self.namespace(host)}"
             os.makedirs(os.path.join(etc, "ssh"), exist_ok=True)
@@ -206,18 +226,19 @@ class SlurmCluster:
                 os.path.join(etc, "ssh", "ssh_config"),
                 f"""
                 Host *
-                  IdentityFile {key}
                   StrictHostKeyChecking no
                   UserKnownHostsFile /dev/null
                   LogLevel ERROR
                   BatchMode yes
+                Match localuser root
+                  IdentityFile {key}
                 """,
             )
             _write(
                 os.path.join(etc, "ssh", "sshd_config"),
                 f"""
                 HostKey {root}/ssh/host_key
-                AuthorizedKeysFile {root}/ssh/authorized_keys
+                AuthorizedKeysFile {keys} .ssh/authorized_keys
                 PermitRootLogin prohibit-password
                 PasswordAuthentication no
                 KbdInteractiveAuthentication no
@@ -283,7 +304,8 @@ class SlurmCluster:
         """
         etc = f"/etc/netns/{self.namespace(host)}"
         binds = " && ".join(
-            f"mount --bind {etc}/{name} /etc/{name}" for name in ETC_FILES
+            [f"mount --bind {etc}/{name} /etc/{name}" for name in ETC_FILES]
+            + [f"mount --bind {self.root}/nodes/{host} {self.root}/{PMIX_TMP}"]
         )
         return [
             "nsenter", f"--net=/run/netns/{self.namespace(host)}",
@@ -325,14 +347,31 @@ class SlurmCluster:
             *self.on(host, command), check=check, env=self.env, **kwargs
         )
 
-    def sbatch(self, script, cwd, env=(), args=()):
-        """Submits `script` from `cwd` as a user would; returns the job id."""
-        result = self.run(
-            ["env", *[f"{k}={v}" for k, v in dict(env).items()],
-             "sbatch", "--parsable", *args, script],
-            cwd=cwd,
-        )  # fmt: skip
+    def sbatch(self, script, cwd, env=(), args=(), user=None):
+        """Submits `script` from `cwd` as a user would; returns the job id.
+
+        As root, or as the plain `user` (`as_user`)."""
+        command = ["env", *[f"{k}={v}" for k, v in dict(env).items()],
+                   "sbatch", "--parsable", *args, script]  # fmt: skip
+        if user:
+            command = as_user(user, command)
+        result = self.run(command, cwd=cwd)
         return result.stdout.strip().split(";")[0]
+
+    def kill_node(self, host):
+        """Kills every process on `host`: the jobs' tasks, slurmd, sshd; as
+        a node that crashes. `restart_node` brings its daemons back."""
+        pids = _run("ip", "netns", "pids", self.namespace(host), check=False)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+
+    def restart_node(self, host):
+        """Starts `host`'s sshd and slurmd again, after `kill_node`."""
+        self._start_on(
+            host, ["/usr/sbin/sshd", "-D", "-f", "/etc/ssh/sshd_config"]
+        )
+        self._start_on(host, ["slurmd", "-D", "-f", self.conf])
 
     def job(self, job_id):
         """`scontrol show job` as a dict (empty once Slurm forgot the job)."""
@@ -388,6 +427,19 @@ class SlurmCluster:
         for host, _ in (HEAD, *NODES):
             _run("ip", "netns", "del", self.namespace(host), check=False)
             shutil.rmtree(f"/etc/netns/{self.namespace(host)}", True)
+
+
+def as_user(user, command):
+    """`command` run as the plain `user`, with its own HOME (runuser)."""
+    return [
+        _which("runuser") or "runuser", "-u", user, "--", "env",
+        f"HOME={user_home(user)}", f"USER={user}", f"LOGNAME={user}", *command,
+    ]  # fmt: skip
+
+
+def user_home(user):
+    """The home directory of `user`."""
+    return pwd.getpwnam(user).pw_dir
 
 
 def _write(path, text):

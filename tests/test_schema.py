@@ -7,7 +7,7 @@ import pytest
 from absl import flags
 
 from tf_resnet import config as config_lib
-from tf_resnet import engines, schema
+from tf_resnet import detect, engines, schema
 from tf_resnet import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
@@ -119,7 +119,7 @@ def test_the_registry_names_every_distribution_and_its_factories():
 def _no_launcher(monkeypatch):
     for name in (
         "HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "TF_CONFIG",
-        "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+        "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "PMIX_RANK",
     ):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
 
@@ -137,6 +137,28 @@ def test_auto_recognises_a_slurm_job_step_of_several_tasks(monkeypatch):
     assert engines.resolve("auto") == ("multi_worker", reason)
     assert engines.averaging_transport(dist) == ("multi_worker", reason)
     monkeypatch.setenv("HOROVOD_SIZE", "4")  # horovodrun's ranks win.
+    assert engines.resolve("auto")[0] == "horovod"
+
+
+def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
+    monkeypatch,
+):
+    """`srun --mpi=pmix` sets PMIX_RANK and no size: the step's tasks are
+    the ranks; `srun --mpi=pmi2` sets PMI_SIZE; `--mpi=none` neither."""
+    _no_launcher(monkeypatch)
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    assert engines.resolve("auto")[0] == "multi_worker"
+    monkeypatch.setenv("PMIX_RANK", "1")
+    assert engines.resolve("auto") == (
+        "horovod",
+        "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
+    )
+    assert detect.processes_in_sync("horovod") == 2
+    with pytest.raises(UserInputError, match="srun --mpi=none"):
+        engines.resolve("multi_worker")
+    monkeypatch.delenv("PMIX_RANK")
+    monkeypatch.setenv("PMI_SIZE", "2")
     assert engines.resolve("auto")[0] == "horovod"
 
 

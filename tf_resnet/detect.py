@@ -14,18 +14,29 @@ import os
 from tf_resnet.errors import UserInputError
 
 # Variables of the process launchers that make a Horovod rank: horovodrun
-# (Gloo) sets HOROVOD_*, Open MPI OMPI_COMM_WORLD_*, MPICH/Intel MPI PMI_*.
+# (Gloo) sets HOROVOD_*, Open MPI's mpirun OMPI_COMM_WORLD_*, MPICH/Intel
+# MPI and `srun --mpi=pmi2` PMI_*.
 RANK_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# `srun --mpi=pmix` sets no size: its tasks are MPI ranks by PMIX_RANK, and
+# the step's task count is the world's size.
+PMIX_RANK = "PMIX_RANK"
 # The tasks of a parameter-server cluster that only serve.
 SERVER_JOBS = ("ps", "worker")
 
 
 def launcher_world_size():
-    """`(processes, variable)` of a horovodrun/mpirun job, else `(1, None)`."""
+    """`(processes, variable)` of a horovodrun/mpirun job, else `(1, None)`.
+
+    The tasks of a Slurm job step started with an MPI plugin (`srun
+    --mpi=pmix` or `pmi2`) count as ranks, so `auto` runs Horovod on them;
+    TensorFlow's own workers start with `srun --mpi=none`.
+    """
     for variable in RANK_SIZE_VARIABLES:
         value = os.environ.get(variable, "")
         if value.isdigit():
             return int(value), variable
+    if PMIX_RANK in os.environ and slurm_step_tasks():
+        return slurm_step_tasks(), f"{PMIX_RANK}, srun --mpi=pmix"
     return 1, None
 
 

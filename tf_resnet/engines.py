@@ -250,6 +250,11 @@ def resolve(distribution, preset=None, dist=None):
             f"started by horovodrun/mpirun ({variable}={ranks}): each would "
             "train on its own into the same --log_root; use "
             f"--distribution={' or '.join(on_ranks)} (or leave it at auto)"
+            + (
+                "; srun --mpi=none starts the tasks of a job step without MPI"
+                if variable.startswith(detect.PMIX_RANK)
+                else ""
+            )
         )
     if distribution != "auto":
         if recipes.PRESETS.get(preset, {}).get("distribution") == distribution:
