@@ -10,7 +10,9 @@ its own home, with Horovod's build headers hidden and cmake out of reach
   Slurm (`tests/slurm_cluster.py`), and both equal `horovodrun`'s ranks to
   the bound of the Horovod tests;
 * the course scripts, submitted with `sbatch` as the docs say, complete,
-  with everything they write owned by the user; one loads a module (Lmod);
+  with everything they write owned by the user: the sync job with
+  Horovod over ssh, `LAUNCHER=srun` and `LAUNCHER=mpirun`, and with
+  `ENGINE=multi_worker` (loading a module through Lmod), and the async job;
 * a node lost in the middle of a job (every process on it killed, slurmd
   too, back 30 s later) ends the job step, and the job requeues itself and
   completes from its last checkpoint.
@@ -345,6 +347,9 @@ USER_JOBS = {
     "horovod_srun_mpi": (
         "slurm/course_sync_cifar100.sbatch", {"LAUNCHER": "srun"},
     ),
+    "horovod_mpirun": (
+        "slurm/course_sync_cifar100.sbatch", {"LAUNCHER": "mpirun"},
+    ),
     "multi_worker_with_a_module": (
         "slurm/course_sync_cifar100.sbatch",
         {"ENGINE": "multi_worker", "MODULES": "tfr-course"},
@@ -418,6 +423,9 @@ def test_course_scripts_complete_as_a_plain_user(cluster, student, data):
     # sets no horovodrun rendezvous).
     text = output_of(jobs["horovod_srun_mpi"][1])
     assert "2 ranks on node1:1,node2:1 (srun)" in text, text[-3000:]
+    assert text.count("distribution horovod (") == 2, text[-3000:]
+    text = output_of(jobs["horovod_mpirun"][1])
+    assert "2 ranks on node1:1,node2:1 (mpirun)" in text, text[-3000:]
     assert text.count("distribution horovod (") == 2, text[-3000:]
 
 
