@@ -86,12 +86,15 @@ load_modules() {
     log "error: MODULES=$MODULES, but this node has no module command"
     exit 2
   fi
-  local name
+  local name names
   read -ra names <<<"$MODULES"
   for name in "${names[@]}"; do
     # Lmod's and Environment Modules' `module` read unset variables.
     set +u
-    module load "$name" || { set -u; log "error: module load $name failed"; exit 2; }
+    if ! module load "$name"; then
+      log "error: module load $name failed"
+      exit 2
+    fi
     set -u
   done
   log "modules loaded: $MODULES"
@@ -100,8 +103,9 @@ load_modules
 
 # Runs the job's command in the background and polls it every second: bash
 # runs no trap while a foreground command runs, so only this way does the
-# shell act on a signal within a second. SIGTERM needs no passing on: the scheduler sends it
-# to every process of the job (scancel, requeue, preemption; qdel), and the
+# shell act on a signal within a second. SIGTERM needs no passing on: the
+# scheduler sends it to every process of the job (scancel, requeue,
+# preemption; qdel), and the
 # training processes agree on the step to stop at among themselves. SIGUSR1,
 # the time limit's warning, stops the training the same way and requeues
 # the job once it has exited. With STEP_STATUS set (a job step started by
