@@ -166,12 +166,26 @@ run_demo() {
   local log_root=${LOG_ROOT:-runs/demo}
   [ -f "$data/test_batch.bin" ] || .venv/bin/python data/make_synthetic_cifar.py \
     --output_dir=datasets/synthetic
+  if [ -f "$log_root/eval.csv" ]; then
+    log "$log_root holds an earlier demo run: this one resumes it and trains" \
+      "only what is left of its ${DEMO_EPOCHS:-10} epochs (DEMO_EPOCHS);" \
+      "to train afresh: rm -rf $log_root, or LOG_ROOT=<another folder>"
+  fi
   log "training resnet20 on generated shapes; TensorBoard: .venv/bin/tensorboard --logdir=$log_root"
   .venv/bin/python resnet_main.py --dataset=cifar10 \
     --train_data_path="$data/data_batch*" --eval_data_path="$data/test_batch.bin" \
     --log_root="$log_root" --model=resnet20 --train_epochs="${DEMO_EPOCHS:-10}" \
     --log_every_steps=20 "$@"
+  log "result: $(last_evaluation "$log_root/eval.csv")"
   log "learning curve: $log_root/learning_curve.png, results: $log_root/eval.csv"
+}
+
+last_evaluation() {
+  # The last row of a run's eval.csv, in words.
+  awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) column[$i] = i }
+    END { printf "step %s, test precision %.1f%% (best %.1f%%)",
+      $column["step"], 100 * $column["precision"],
+      100 * $column["best_precision"] }' "$1"
 }
 
 install_cluster_packages() {
