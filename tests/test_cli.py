@@ -66,3 +66,16 @@ def test_a_run_leaves_no_partly_read_cache(synthetic_cifar, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "did not fully read the dataset being cached" not in proc.stderr
+
+
+def test_a_checkpoint_logs_no_tensorflow_internals(synthetic_cifar, tmp_path):
+    """TensorFlow's saver logs a callback's time at every save (INFO); the
+    run's own lines stay."""
+    proc = run_main(
+        [*base_args(synthetic_cifar, tmp_path), "--train_steps=2",
+         "--checkpoint_every_steps=1", "--log_every_steps=1"],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert os.path.exists(tmp_path / "ckpt-2.index"), os.listdir(tmp_path)
+    assert "Sharding callback duration" not in proc.stderr, proc.stderr
+    assert "step 2/2" in proc.stderr and "done:" in proc.stderr, proc.stderr

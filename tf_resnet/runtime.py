@@ -9,6 +9,7 @@ mode. Every engine's devices come from one plan (`devices.plan`).
 """
 
 import dataclasses
+import logging as std_logging
 import os
 import socket
 
@@ -126,6 +127,30 @@ def configure_devices(num_gpus, cpu_replicas=1):
     )
 
 
+# TensorFlow modules whose INFO lines (absl's logger, which carries ours
+# too) tell a user nothing: the checkpoint saver logs the time of an
+# internal callback at every save.
+QUIET_MODULES = ("checkpoint/functional_saver.py",)
+
+
+class _DropInternalInfo(std_logging.Filter):
+    def filter(self, record):
+        return record.levelno >= std_logging.WARNING or not (
+            record.pathname.replace(os.sep, "/").endswith(QUIET_MODULES)
+        )
+
+
+def quiet_tensorflow_internals():
+    """Keeps TensorFlow's internal INFO lines (`QUIET_MODULES`) off the log.
+
+    Warnings and errors from those modules still show, and so does every
+    line of ours: only INFO and below from the named files is dropped.
+    """
+    absl_logger = std_logging.getLogger("absl")
+    if not any(isinstance(f, _DropInternalInfo) for f in absl_logger.filters):
+        absl_logger.addFilter(_DropInternalInfo())
+
+
 def start(config):
     """Sets threads, dtype policy, devices and determinism; in that order.
 
@@ -136,6 +161,7 @@ def start(config):
       `Started`.
     """
     runtime, dist = config.runtime, config.distribution
+    quiet_tensorflow_internals()
     tf.config.threading.set_intra_op_parallelism_threads(
         runtime.intra_op_threads
     )
