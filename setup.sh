@@ -92,7 +92,7 @@ build_tools_ready() {
 
 skip_horovod() {
   log "horovod not built: $1; $2, then run ./setup.sh env again." \
-    "Every engine but horovod and averaging works without it."
+    "Every engine but horovod works without it (averaging on multi_worker too)."
 }
 
 horovod_flavour() {
