@@ -47,6 +47,7 @@ fetch_headers_as_user() {
     >/dev/null 2>&1 || return 1
   local deb
   for deb in "$BUILD_DEPS"/debs/*.deb; do dpkg -x "$deb" "$BUILD_DEPS/root"; done
+  use_fetched_headers
 }
 
 use_fetched_headers() {
@@ -79,7 +80,7 @@ build_tools_ready() {
     return 1
   fi
   use_fetched_headers
-  if ! have_headers && ! { fetch_headers_as_user && use_fetched_headers && have_headers; }; then
+  if ! have_headers && ! { fetch_headers_as_user && have_headers; }; then
     skip_horovod "headers ${BUILD_HEADERS[*]} not found" \
       "install ${BUILD_DEBS[*]}, or put a folder holding them on CPATH"
     return 1

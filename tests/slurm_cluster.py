@@ -105,11 +105,7 @@ class SlurmCluster:
             self._start_munge()
             self._start_on("head", ["slurmctld", "-D", "-f", self.conf])
             for host, _ in NODES:
-                self._start_on(
-                    host,
-                    ["/usr/sbin/sshd", "-D", "-f", "/etc/ssh/sshd_config"],
-                )
-                self._start_on(host, ["slurmd", "-D", "-f", self.conf])
+                self.start_node(host)
             self._wait_until_idle(timeout)
         except BaseException:
             self.stop()
@@ -360,14 +356,15 @@ class SlurmCluster:
 
     def kill_node(self, host):
         """Kills every process on `host`: the jobs' tasks, slurmd, sshd; as
-        a node that crashes. `restart_node` brings its daemons back."""
+        a node that crashes. `start_node` brings its daemons back."""
         pids = _run("ip", "netns", "pids", self.namespace(host), check=False)
         for pid in pids.stdout.split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
 
-    def restart_node(self, host):
-        """Starts `host`'s sshd and slurmd again, after `kill_node`."""
+    def start_node(self, host):
+        """Starts a compute node's sshd and slurmd (again, after
+        `kill_node`)."""
         self._start_on(
             host, ["/usr/sbin/sshd", "-D", "-f", "/etc/ssh/sshd_config"]
         )
@@ -414,11 +411,7 @@ class SlurmCluster:
     def stop(self):
         """Kills everything the cluster and its jobs run; removes it all."""
         for host, _ in NODES + (HEAD,):
-            namespace = self.namespace(host)
-            pids = _run("ip", "netns", "pids", namespace, check=False)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid), signal.SIGKILL)
+            self.kill_node(host)
         for process in self._daemons:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)

@@ -62,7 +62,10 @@ PIP_VARIABLES = (
 )  # fmt: skip
 SETUP_TIMEOUT = 1500
 SBIN_PATH = os.environ["PATH"] + ":/usr/sbin:/sbin"
-LOOPBACK_UP = 'ip link set lo up && exec "$@"'
+# A command prefix: a network namespace of its own with loopback up, where
+# MPI's and Horovod's servers bind.
+PRIVATE_NETWORK = ["unshare", "--net", "sh", "-c",
+                   'ip link set lo up && exec "$@"', "sh"]  # fmt: skip
 
 
 class Student:
@@ -229,7 +232,7 @@ def test_a_second_setup_builds_horovod_with_mpi_as_the_user(student):
         [student.python, "-c",
          "import horovod.tensorflow as hvd; hvd.init(); "
          "print(hvd.mpi_built(), hvd.gloo_built(), hvd.size())"],
-        prefix=["unshare", "--net", "sh", "-c", LOOPBACK_UP, "sh"],
+        prefix=PRIVATE_NETWORK,
     )  # fmt: skip
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.split() == ["True", "True", "1"], check.stdout
@@ -285,7 +288,7 @@ def test_mpirun_ranks_equal_horovodrun(student):
         ["mpirun", "-np", "2", student.python, worker,
          f"--dump_dir={dump_dir}", f"--log_root={dump_dir}/log",
          *readable_equivalence_flags()],
-        prefix=["unshare", "--net", "sh", "-c", LOOPBACK_UP, "sh"],
+        prefix=PRIVATE_NETWORK,
         cwd=student.repo,
     )  # fmt: skip
     output = result.stdout + result.stderr
@@ -445,7 +448,7 @@ def test_a_lost_node_requeues_the_job_which_resumes(cluster, student, data):
     cluster.kill_node("node2")
     killed = time.monotonic()
     time.sleep(30)
-    cluster.restart_node("node2")
+    cluster.start_node("node2")
     while cluster.job(job).get("Restarts", "0") == "0":
         assert time.monotonic() - killed < 180, output_of(submit_dir)[-5000:]
         time.sleep(1)
