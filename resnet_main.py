@@ -25,8 +25,8 @@ from absl import app, logging  # noqa: E402
 from tf_resnet import dry_run, export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
-from tf_resnet.distribute import make_mode, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
+from tf_resnet.modes import make_mode, serve  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
 # A task of the cluster is gone. A multi_worker peer that stops answering

@@ -54,8 +54,8 @@ def run_rank(spec):
 
     from tf_resnet import runtime, train_loop
     from tf_resnet.config import make_config
-    from tf_resnet.distribute import make_mode
     from tf_resnet.distribute.base import TrainState
+    from tf_resnet.modes import make_mode
 
     ranks = processes_in_job()
     data = common.DATA["cifar10"]

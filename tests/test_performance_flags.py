@@ -233,7 +233,7 @@ def test_thread_and_horovod_settings_reach_tensorflow():
         "import os, sys\n"
         "from tf_resnet import runtime\n"
         "from tf_resnet.config import make_config\n"
-        "from tf_resnet.distribute import make_mode\n"
+        "from tf_resnet.modes import make_mode\n"
         "import tensorflow as tf\n"
         "values = dict(a[2:].split('=') for a in sys.argv[1:])\n"
         "config = make_config(\n"
@@ -310,7 +310,7 @@ import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
 from tf_resnet import runtime
 from tf_resnet.config import make_config
-from tf_resnet.distribute import make_mode
+from tf_resnet.modes import make_mode
 from tf_resnet.models import blocks, cifar_resnet
 mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))
 rng = np.random.default_rng(0)

@@ -1,13 +1,16 @@
 """One schema: every flag is generated from its config field; one registry."""
 
+import ast
 import importlib
 import importlib.util
+import inspect
+import textwrap
 
 import pytest
 from absl import flags
 
 from tf_resnet import config as config_lib
-from tf_resnet import detect, engines, schema
+from tf_resnet import engines, schema
 from tf_resnet import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
@@ -97,16 +100,36 @@ def test_the_eval_job_has_its_own_default_dir(tmp_path):
     assert job.run.eval_dir == str(tmp_path / "eval_job")
 
 
+def _calls(function):
+    """`[(module, function)]` a lazy factory of the registry imports and calls."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    imported = {
+        alias.asname or alias.name: f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    return [
+        (imported[node.func.value.id], node.func.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id in imported
+    ]
+
+
 def test_the_registry_names_every_distribution_and_its_factories():
     field = {f.name: f for f in config_lib.fields()}["distribution"]
     assert schema.choices(field) == engines.DISTRIBUTIONS
     assert ("auto", *engines.ENGINES) == engines.DISTRIBUTIONS
-    dist = config_lib.DistributionConfig()
     for engine in engines.ENGINES.values():
-        paths = [engine.factory_path(dist)]
-        paths += [engine.server] if engine.server else []
-        for path in paths:
-            module, function = path.split(":")
+        factories = [engine.make, engine.serve, engine.averaging]
+        factories = [f for f in factories if f is not None]
+        assert all(callable(f) for f in factories)
+        calls = [call for f in factories for call in _calls(f)]
+        assert calls or engine.name == "averaging"  # Made by a transport.
+        for module, function in calls:
             if not engines.installed(engine):
                 assert importlib.util.find_spec(module) is not None
                 continue
@@ -114,6 +137,8 @@ def test_the_registry_names_every_distribution_and_its_factories():
         if engine.launcher:
             launcher = f"tf_resnet.launch.{engine.launcher}"
             assert importlib.util.find_spec(launcher) is not None
+    transports = engines.AVERAGING_TRANSPORTS
+    assert all(engines.ENGINES[name].averaging for name in transports)
 
 
 def _no_launcher(monkeypatch):
@@ -154,7 +179,7 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
         "horovod",
         "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
     )
-    assert detect.processes_in_sync("horovod") == 2
+    assert engines.processes_in_sync("horovod") == 2
     with pytest.raises(UserInputError, match="srun --mpi=none"):
         engines.resolve("multi_worker")
     monkeypatch.delenv("PMIX_RANK")

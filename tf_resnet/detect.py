@@ -77,7 +77,7 @@ def slurm_step_tasks():
     `srun` sets `SLURM_STEP_NUM_TASKS`; a batch script's own shell is a
     step of one task.
     """
-    if "SLURM_PROCID" not in os.environ:
+    if not in_slurm_task():
         return 0
     value = os.environ.get("SLURM_STEP_NUM_TASKS", "")
     return int(value) if value.isdigit() else 0
@@ -214,19 +214,53 @@ def server_job(job_name=None):
     return None
 
 
-def processes_in_sync(distribution, worker_hosts=()):
-    """Processes whose replicas one step of the engine spans.
+def cluster_workers(worker_hosts=()):
+    """Workers of a multi-worker cluster (0: none).
 
-    Horovod ranks; the workers of a multi-worker or parameter-server
-    cluster (`--worker_hosts`, `TF_CONFIG`, a Slurm job step); else 1.
+    `--worker_hosts`, else a `TF_CONFIG` without ps, else the tasks of a
+    Slurm job step: the clusters `multi_worker_cluster` recognises.
     """
-    ranks, _ = launcher_world_size()
-    if ranks > 1:
-        return ranks
-    if distribution not in ("multi_worker", "averaging", "parameter_server"):
-        return 1
     if worker_hosts:
         return len(worker_hosts)
-    if distribution == "parameter_server":
-        return len(read_tf_config().get("cluster", {}).get("worker", [])) or 1
-    return tf_config_workers() or slurm_step_tasks() or 1
+    return tf_config_workers() or slurm_step_tasks()
+
+
+def ps_cluster_workers(worker_hosts=()):
+    """Workers of a parameter-server cluster (0: none).
+
+    `--worker_hosts`, else the workers `TF_CONFIG` names.
+    """
+    if worker_hosts:
+        return len(worker_hosts)
+    return len(read_tf_config().get("cluster", {}).get("worker", []))
+
+
+# The variables of a Slurm job step that TensorFlow's SlurmClusterResolver
+# reads.
+SLURM_STEP_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+)
+
+
+def in_slurm_task():
+    """Whether this process is a task of a Slurm job (step)."""
+    return "SLURM_PROCID" in os.environ
+
+
+def slurm_step_slots():
+    """Tasks of this job step, once every variable of the step is checked.
+
+    Raises:
+      UserInputError: a Slurm task without the variables of a job step
+        (a batch script's shell, not `srun`).
+    """
+    missing = [name for name in SLURM_STEP_VARIABLES if name not in os.environ]
+    if missing:
+        raise UserInputError(
+            f"SLURM_PROCID is set but {', '.join(missing)} is not: run each "
+            "worker as a task of one job step (srun)"
+        )
+    return int(os.environ["SLURM_STEP_NUM_TASKS"])

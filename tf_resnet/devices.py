@@ -7,17 +7,17 @@ workers sharing 2 GPUs, `CUDA_VISIBLE_DEVICES=3,5`, Slurm's variables) is
 tested as a table on any machine; `runtime.apply_plan` is the one small
 step that hands it to TensorFlow.
 
-The rule per engine:
+Each engine names its rule in its entry (`engines.Devices`):
 
-* `default`, `mirrored` (one process): the `--num_gpus` first GPUs, none
-  with `--num_gpus=0` (the original example's flag: the CPU, split into
+* `ASKED` (one process): the `--num_gpus` first GPUs, none with
+  `--num_gpus=0` (the original example's flag: the CPU, split into
   `--cpu_replicas` logical devices if asked);
-* `horovod`, `averaging` (one process per device): the GPU of the local
-  rank;
-* `multi_worker`, and the worker tasks of `parameter_server`: all the
-  node's GPUs for one process per node (or its `--num_gpus` first), one
-  GPU per process (by local rank) when several share the node;
-* the ps tasks and the coordinator of `parameter_server`: none;
+* `RANK` (one process per device): the GPU of the local rank;
+* `NODE`: all the node's GPUs for one process per node (or its
+  `--num_gpus` first), one GPU per process (by local rank) when several
+  share the node;
+* `WORKER_TASKS`: worker tasks as `NODE`; the coordinator and the ps tasks
+  none;
 * no GPU: the CPU, always.
 
 Imports no TensorFlow.
@@ -26,6 +26,7 @@ Imports no TensorFlow.
 import dataclasses
 
 from tf_resnet import engines
+from tf_resnet.engines import Devices
 from tf_resnet.errors import UserInputError
 
 
@@ -98,7 +99,7 @@ def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
 
     Args:
       engine: the resolved `--distribution` (`auto` counts as one process:
-        `default` or `mirrored`).
+        its rule is that of the engines it falls back to).
       num_gpus: `--num_gpus` (0: as the engine's rule says).
       cpu_replicas: `--cpu_replicas`.
       node: what the process sees (`Node`).
@@ -118,16 +119,16 @@ def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
             f"--num_gpus={num_gpus} but {visible} GPU(s) are visible to "
             "TensorFlow"
         )
-    if engine == "parameter_server" and server_job != "worker":
+    rule = engines.devices_rule(engine)
+    if rule is Devices.WORKER_TASKS and server_job != "worker":
         role = f"{server_job} task" if server_job else "coordinator"
         return Plan(why=f"a parameter-server {role} computes nothing")
     if not visible:
         return Plan(cpu_replicas=cpu_replicas, why="no GPU visible")
-    # One process per device (the registry's `per_process` engines), or
-    # one per node that takes all its GPUs unless several share the node.
-    per_rank = engine in engines.ENGINES and engines.get(engine).per_process
-    per_node = engine == "multi_worker" or server_job == "worker"
-    if per_rank or (per_node and node.local_size > 1):
+    # One process per device, or one per node that takes all its GPUs
+    # unless several share the node.
+    per_node = rule in (Devices.NODE, Devices.WORKER_TASKS)
+    if rule is Devices.RANK or (per_node and node.local_size > 1):
         if node.local_size > visible:
             raise UserInputError(
                 f"{node.local_size} processes on this node ({node.source}) "

@@ -14,14 +14,23 @@ from tf_resnet import detect, engines, schedules
 
 def replicas(config, started):
     """`(replicas in sync, replicas per update, processes)` of one step."""
-    name = started.distribution
-    engine = engines.get("default" if name == "auto" else name)
-    processes = detect.processes_in_sync(name, config.distribution.worker_hosts)
+    engine = _engine(started)
+    processes = engines.processes_in_sync(
+        engine.name, config.distribution.worker_hosts
+    )
     local = started.plan.replicas
-    if engine.update == "worker":  # Asynchronous: a step is one worker's.
+    if engine.asynchronous:  # A step is one worker's.
         return local, local, processes
     in_sync = processes * local
-    return in_sync, local if engine.update == "process" else in_sync, processes
+    per_update = local if engine.update is engines.Update.PROCESS else in_sync
+    return in_sync, per_update, processes
+
+
+def _engine(started):
+    """The engine of the process: `auto` falls back by its devices."""
+    if started.distribution == engines.AUTO:
+        return engines.fallback(started.plan.replicas)
+    return engines.get(started.distribution)
 
 
 def report(config, started):
@@ -33,9 +42,8 @@ def report(config, started):
     rate = schedules.scaled_learning_rate(optim.learning_rate, update_batch)
     rank, size, source = detect.local_process(dist.task_index)
     role = detect.server_job(dist.job_name)
-    name, reason = started.distribution, started.reason
-    if name == "auto":
-        name = "mirrored" if started.plan.replicas > 1 else "default"
+    engine, reason = _engine(started), started.reason
+    if started.distribution == engines.AUTO:
         reason = f"auto: {reason} with {started.plan.replicas} device(s)"
     return "\n".join(
         [
@@ -46,12 +54,12 @@ def report(config, started):
                 if dist.worker_hosts or dist.ps_hosts
                 else ""
             ),
-            f"  engine: {name} ({reason})",
+            f"  engine: {engine.name} ({reason})",
             f"  devices: {started.plan.describe()} ({started.plan.why})",
             f"  replicas: {started.plan.replicas} in this process, "
             + (
                 f"{processes} worker(s) updating asynchronously"
-                if started.distribution == "parameter_server"
+                if engine.asynchronous
                 else f"{in_sync} in sync over {processes} process(es)"
             ),
             f"  batch: {replica_batch} per replica, {optim.batch_size} "

@@ -1,24 +1,23 @@
-"""The registry of distribution engines: each one's name, factory, checks.
+"""The registry of distribution engines: every fact of each, in one entry.
 
-An engine is one value of `--distribution`. Its entry says everything the
-rest of the project needs to know about it:
+An engine is one value of `--distribution`. Its `Engine` entry says
+everything the rest of the project needs to know about it: how its mode is
+made, how `auto` recognises a process started for it, its constraints,
+its launcher, how its processes are counted, which devices each takes,
+whose gradients make an update, what it needs installed and whether some
+of its processes only serve. `devices`, `detect`, `dry_run`, `modes` and
+the launchers read these fields; none of them tests an engine's name.
 
-* `factory`: the `module:function` that makes its `base.DistributionMode`,
-  imported only when the mode is made (so this registry, and the config
-  that validates against it, stay free of TensorFlow and Horovod);
-* `recognise`: how `--distribution=auto` knows that a process was started
-  for it (horovodrun's ranks, `TF_CONFIG`, a Slurm job step: `detect`);
-* `check`: its own constraints on the distribution settings;
-* `launcher`: the `tf_resnet.launch` module that starts its processes on
-  one machine;
-* `server`: for clusters with tasks that only serve, the function that
-  serves when this process is such a task.
+Modes are made by functions of this module that import their engine's
+module when called, so this registry (and the config that validates
+against it) stays free of TensorFlow and Horovod.
 
 A new engine is its mode module, one entry here and, if it needs one, a
 launcher. The training loop never learns which engine runs it.
 """
 
 import dataclasses
+import enum
 import importlib.util
 import os
 import shlex
@@ -28,6 +27,57 @@ from collections.abc import Callable
 from tf_resnet import detect, recipes
 from tf_resnet.errors import UserInputError
 
+# Not an engine: `resolve` makes it one, from the launcher, else `fallback`
+# from the devices of the process.
+AUTO = "auto"
+
+
+class Devices(enum.Enum):
+    """Which devices each process of an engine takes (`devices.plan`)."""
+
+    # One process: the `--num_gpus` first GPUs (none: the CPU, split
+    # into `--cpu_replicas` logical devices if asked).
+    ASKED = "asked"
+    # One process per device: the GPU of the local rank.
+    RANK = "rank"
+    # One process per node takes all its GPUs (or its `--num_gpus`
+    # first); one GPU per process when several share the node.
+    NODE = "node"
+    # Worker tasks as `NODE`; the coordinator and ps tasks none.
+    WORKER_TASKS = "worker tasks"
+
+
+class Update(enum.Enum):
+    """Whose replicas' gradients make one optimizer update."""
+
+    ALL = "all"  # Every replica in sync: synchronous SGD.
+    PROCESS = "process"  # This process's only: local steps.
+    WORKER = "worker"  # One worker's, applied asynchronously.
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """A package an engine imports that a requirement set lacks.
+
+    Attributes:
+      package: the import name.
+      label: how messages name it.
+      why: why it may be missing and how to install it.
+    """
+
+    package: str
+    label: str
+    why: str
+
+
+HOROVOD = Needs(
+    "horovod",
+    "Horovod",
+    "Horovod 0.28.1 builds against TensorFlow <= 2.18 only, so "
+    "requirements-latest.txt has none. Install requirements.txt "
+    "(./setup.sh env) for Horovod",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Engine:
@@ -36,43 +86,107 @@ class Engine:
     Attributes:
       name: the `--distribution` value.
       summary: what it does, for docs and messages.
-      factory: `"module:function"` making the mode from `(global_batch,
-        dist, devices)`; or a function of the `DistributionConfig` that
-        returns one (an engine carried by one of several transports).
+      make: `(global_batch, dist, devices) -> base.DistributionMode`.
       recognise: `(dist or None) -> reason or None`: whether `auto` picks
-        it for this process.
+        it for this process (horovodrun's ranks, `TF_CONFIG`, a Slurm job
+        step: `detect`).
+      fallback: `(replicas) -> bool`: whether `auto` picks it for a
+        process no launcher started, by the replicas of its device plan.
       check: `(dist) -> None`, raising `UserInputError` on settings that
         contradict the engine.
       launcher: module of `tf_resnet.launch` that starts its processes.
-      update: whose replicas' gradients make one optimizer update: `all`
-        in sync (synchronous SGD), this `process` only (local steps), or
-        one `worker` of an asynchronous cluster.
+      devices: which devices each process takes (`Devices`).
+      workers: `(worker_hosts) -> int`: the processes of one step when no
+        launcher gave ranks (`detect`); None: one.
+      update: whose gradients make one update (`Update`).
       per_process: one process per replica, each its own model (Horovod
         ranks or workers of `launch.multi_worker`), not tf.distribute
         replicas in one process.
-      needs: a package the factory imports that a requirement set lacks.
+      needs: what it imports that a requirement set may lack (`Needs`).
       without_needs: what to run instead where `needs` is missing.
-      server: `"module:function"` of `(dist) -> bool`: serves until killed
-        and returns True when this process is only a server task.
+      serve: `(dist) -> bool`: serves until killed and returns True when
+        this process is only a server task.
+      averaging: `(global_batch, dist, devices)`: the `averaging` mode
+        over this engine's all-reduce, for the engines that carry it.
     """
 
     name: str
     summary: str
-    factory: str | Callable
+    make: Callable
     recognise: Callable | None = None
+    fallback: Callable | None = None
     check: Callable | None = None
     launcher: str | None = None
-    update: str = "all"
+    devices: Devices = Devices.ASKED
+    workers: Callable | None = None
+    update: Update = Update.ALL
     per_process: bool = False
-    needs: str | None = None
+    needs: Needs | None = None
     without_needs: str = ""
-    server: str | None = None
+    serve: Callable | None = None
+    averaging: Callable | None = None
 
-    def factory_path(self, dist):
-        """The `module:function` making this engine's mode for `dist`."""
-        if callable(self.factory):
-            return self.factory(dist)
-        return self.factory
+    @property
+    def asynchronous(self):
+        """Updates are one worker's, applied without waiting for others."""
+        return self.update is Update.WORKER
+
+
+# Each mode's module is imported when the mode is made (TensorFlow,
+# Horovod), not with this registry.
+
+
+def _default_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import tf_strategy
+
+    return tf_strategy.make_default_mode(global_batch, dist, devices)
+
+
+def _mirrored_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import tf_strategy
+
+    return tf_strategy.make_mirrored_mode(global_batch, dist, devices)
+
+
+def _horovod_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import horovod_mode
+
+    return horovod_mode.make_mode(global_batch, dist, devices)
+
+
+def _horovod_averaging_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import horovod_mode
+
+    return horovod_mode.make_averaging_mode(global_batch, dist, devices)
+
+
+def _multi_worker_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import multi_worker
+
+    return multi_worker.make_mode(global_batch, dist, devices)
+
+
+def _multi_worker_averaging_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import multi_worker
+
+    return multi_worker.make_averaging_mode(global_batch, dist, devices)
+
+
+def _parameter_server_mode(global_batch, dist, devices):
+    from tf_resnet.distribute import parameter_server
+
+    return parameter_server.make_mode(global_batch, dist, devices)
+
+
+def _parameter_server_serve(dist):
+    from tf_resnet.distribute import parameter_server
+
+    return parameter_server.serve(dist)
+
+
+def _averaging_mode(global_batch, dist, devices):
+    transport, _ = averaging_transport(dist)
+    return ENGINES[transport].averaging(global_batch, dist, devices)
 
 
 def _horovod_ranks(dist):
@@ -142,44 +256,44 @@ def averaging_transport(dist):
 AVERAGING_TRANSPORTS = ("multi_worker", "horovod")
 
 
-def _averaging_factory(dist):
-    transport, _ = averaging_transport(dist)
-    module, _ = ENGINES[transport].factory.split(":")
-    return f"{module}:make_averaging_mode"
-
-
 ENGINES = {
     engine.name: engine
     for engine in (
         Engine(
             "default",
             "one device: a GPU if asked for, else the CPU",
-            "tf_resnet.distribute.tf_strategy:make_default_mode",
+            _default_mode,
+            fallback=lambda replicas: replicas <= 1,
         ),
         Engine(
             "mirrored",
             "MirroredStrategy over this machine's GPUs (or --cpu_replicas)",
-            "tf_resnet.distribute.tf_strategy:make_mirrored_mode",
+            _mirrored_mode,
+            fallback=lambda replicas: replicas > 1,
         ),
         Engine(
             "horovod",
             "synchronous all-reduce over Horovod ranks, one device each",
-            "tf_resnet.distribute.horovod_mode:make_mode",
+            _horovod_mode,
             recognise=_horovod_ranks,
             check=_one_device_per_process,
             launcher="horovod",
+            devices=Devices.RANK,
             per_process=True,
-            needs="horovod",
+            needs=HOROVOD,
+            averaging=_horovod_averaging_mode,
         ),
         Engine(
             "averaging",
             "local steps, weights averaged every --average_every steps",
-            _averaging_factory,
+            _averaging_mode,
             check=_check_averaging,
             launcher="multi_worker",
-            update="process",
+            devices=Devices.RANK,
+            workers=detect.cluster_workers,
+            update=Update.PROCESS,
             per_process=True,
-            needs="horovod",
+            needs=HOROVOD,
             without_needs="or run the workers without it: python -m "
             "tf_resnet.launch.multi_worker --np=N -- "
             "--distribution=averaging ...",
@@ -187,31 +301,78 @@ ENGINES = {
         Engine(
             "parameter_server",
             "asynchronous SGD: a coordinator, ps and worker tasks",
-            "tf_resnet.distribute.parameter_server:make_mode",
+            _parameter_server_mode,
             recognise=_parameter_server_cluster,
             launcher="ps",
-            update="worker",
-            server="tf_resnet.distribute.parameter_server:serve",
+            devices=Devices.WORKER_TASKS,
+            workers=detect.ps_cluster_workers,
+            update=Update.WORKER,
+            serve=_parameter_server_serve,
         ),
         Engine(
             "multi_worker",
             "synchronous all-reduce with MultiWorkerMirroredStrategy",
-            "tf_resnet.distribute.multi_worker:make_mode",
+            _multi_worker_mode,
             recognise=lambda dist: detect.multi_worker_cluster(),
             check=_check_multi_worker,
             launcher="multi_worker",
+            devices=Devices.NODE,
+            workers=detect.cluster_workers,
+            averaging=_multi_worker_averaging_mode,
         ),
     )
 }
-# `auto` is no engine: it becomes one of them (`resolve`, `make_mode`).
-DISTRIBUTIONS = ("auto", *ENGINES)
+# `auto` is no engine: it becomes one of them (`resolve`, `fallback`).
+DISTRIBUTIONS = (AUTO, *ENGINES)
 
 
 def installed(engine):
     """Whether the package the engine needs is importable here."""
     return (
-        not engine.needs or importlib.util.find_spec(engine.needs) is not None
+        not engine.needs
+        or importlib.util.find_spec(engine.needs.package) is not None
     )
+
+
+def fallback(replicas):
+    """The engine `auto` becomes in a process no launcher started.
+
+    Args:
+      replicas: the replicas of the process's device plan.
+    """
+    return next(
+        e for e in ENGINES.values() if e.fallback and e.fallback(replicas)
+    )
+
+
+def devices_rule(name):
+    """How a process of the engine `name` (or of `auto`) takes devices.
+
+    `auto` that start-up could not resolve runs one process: the devices
+    asked for, as its `fallback` engines do.
+    """
+    return Devices.ASKED if name == AUTO else get(name).devices
+
+
+def processes_in_sync(name, worker_hosts=()):
+    """Processes whose replicas one step of the engine `name` spans.
+
+    Horovod ranks (whatever the engine: `resolve` allows only the engines
+    that run on them); else the engine's own count of its workers
+    (`Engine.workers`); else 1.
+    """
+    ranks, _ = detect.launcher_world_size()
+    if ranks > 1:
+        return ranks
+    engine = ENGINES.get(name)
+    if engine is None or engine.workers is None:
+        return 1
+    return engine.workers(worker_hosts) or 1
+
+
+def launched_by(launcher):
+    """The engines whose processes the `tf_resnet.launch` module starts."""
+    return tuple(e.name for e in ENGINES.values() if e.launcher == launcher)
 
 
 def get(name):
@@ -227,8 +388,8 @@ def resolve(distribution, preset=None, dist=None):
     """The engine `--distribution` names, `auto` resolved; and why.
 
     `auto` asks each engine in turn whether the process was started for it
-    (`Engine.recognise`); if none says so it stays `auto`, which
-    `make_mode` resolves by devices to `mirrored` or `default`.
+    (`Engine.recognise`); if none says so it stays `auto`, which becomes
+    the `fallback` engine of the process's devices when its mode is made.
 
     Args:
       distribution: the resolved `--distribution` value.
@@ -244,7 +405,7 @@ def resolve(distribution, preset=None, dist=None):
     """
     ranks, variable = detect.launcher_world_size()
     on_ranks = [name for name, e in ENGINES.items() if e.per_process]
-    if ranks > 1 and distribution not in (*on_ranks, "auto"):
+    if ranks > 1 and distribution not in (*on_ranks, AUTO):
         raise UserInputError(
             f"--distribution={distribution} in one of {ranks} processes "
             f"started by horovodrun/mpirun ({variable}={ranks}): each would "
@@ -256,7 +417,7 @@ def resolve(distribution, preset=None, dist=None):
                 else ""
             )
         )
-    if distribution != "auto":
+    if distribution != AUTO:
         if recipes.PRESETS.get(preset, {}).get("distribution") == distribution:
             return distribution, f"--preset={preset}"
         return distribution, "--distribution"
@@ -264,7 +425,7 @@ def resolve(distribution, preset=None, dist=None):
         reason = engine.recognise(dist) if engine.recognise else None
         if reason:
             return engine.name, reason
-    return "auto", "one process"
+    return AUTO, "one process"
 
 
 def launcher_commands(processes, argv=None):

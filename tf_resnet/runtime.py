@@ -32,7 +32,7 @@ class Started:
     Attributes:
       dtype_policy: the Keras dtype policy in force (`auto` resolved).
       distribution: the mode to make (`auto` resolved where the launcher
-        tells; `auto` left for `make_mode` to choose by devices).
+        tells; `auto` left for `modes.make_mode` to choose by devices).
       reason: why that mode (for the start line).
       devices: devices to replicate over, `None` for the default device.
       plan: the `devices.Plan` they come from.
@@ -123,7 +123,7 @@ def apply_plan(plan):
 def configure_devices(num_gpus, cpu_replicas=1):
     """The devices of one process on its own (benchmarks, tests)."""
     return apply_plan(
-        devices.plan("mirrored", num_gpus, cpu_replicas, node_view())
+        devices.plan(engines.AUTO, num_gpus, cpu_replicas, node_view())
     )
 
 

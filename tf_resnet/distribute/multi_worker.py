@@ -32,22 +32,14 @@ then: docs/distributed.md); and every collective gets
 alive but never reaches it.
 """
 
-import os
 import tempfile
 
 import tensorflow as tf
 
-from tf_resnet.detect import read_tf_config, slurm_job_port
+from tf_resnet import detect
 from tf_resnet.distribute import averaging, base, tf_strategy
 from tf_resnet.errors import UserInputError
 
-# The variables of a Slurm job step that SlurmClusterResolver reads.
-SLURM_VARIABLES = (
-    "SLURM_PROCID",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_TASKS_PER_NODE",
-)
 # What collectives all-reduce exactly; other variables (RNG states) stay.
 _REDUCIBLE = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int64)
 
@@ -80,7 +72,7 @@ def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=None):
             task_id=task_index,
             rpc_layer="grpc",
         )
-    tf_config = read_tf_config()
+    tf_config = detect.read_tf_config()
     if tf_config:
         cluster = tf_config.get("cluster", {})
         if "ps" in cluster or not (cluster.get("worker") or "chief" in cluster):
@@ -97,8 +89,8 @@ def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=None):
         return tf.distribute.cluster_resolver.TFConfigClusterResolver(
             rpc_layer="grpc"
         )
-    if "SLURM_PROCID" in os.environ:
-        return _slurm_resolver(slurm_port or slurm_job_port())
+    if detect.in_slurm_task():
+        return _slurm_resolver(slurm_port or detect.slurm_job_port())
     raise UserInputError(
         "--distribution=multi_worker needs a cluster: --worker_hosts with "
         "--task_index, a TF_CONFIG environment variable, a Slurm job step "
@@ -115,13 +107,7 @@ def _slurm_resolver(port):
     device plan's (`devices.plan`, by `SLURM_LOCALID`), so it is given one
     slot per task and told not to.
     """
-    missing = [name for name in SLURM_VARIABLES if name not in os.environ]
-    if missing:
-        raise UserInputError(
-            f"SLURM_PROCID is set but {', '.join(missing)} is not: run each "
-            "worker as a task of one job step (srun)"
-        )
-    slots = int(os.environ["SLURM_STEP_NUM_TASKS"])
+    slots = detect.slurm_step_slots()
     return tf.distribute.cluster_resolver.SlurmClusterResolver(
         port_base=port, gpus_per_node=slots, gpus_per_task=1, auto_set_gpu=False
     )

@@ -71,3 +71,17 @@ class Parser(argparse.ArgumentParser):
             self.error(f"--main={args.main} is not a file")
         args.main_flags = main_flags or []
         return args
+
+
+def given_flag(main_flags, name):
+    """`--name` among the training script's flags (the last one), or None.
+
+    Both spellings absl accepts, `--name=X` and `--name X`.
+    """
+    value = None
+    for index, flag in enumerate(main_flags):
+        if flag.startswith(f"--{name}="):
+            value = flag.partition("=")[2]
+        elif flag == f"--{name}" and index + 1 < len(main_flags):
+            value = main_flags[index + 1]
+    return value

@@ -31,31 +31,15 @@ import json
 import os
 import sys
 
+from tf_resnet import engines
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
-# The modes these workers can run; `auto` would pick multi_worker anyway.
-WORKER_MODES = ("multi_worker", "averaging", "auto")
+# The engines these workers can run.
+WORKER_ENGINES = engines.launched_by("multi_worker")
+# The engine a worker runs when its flags name none.
+DEFAULT_ENGINE = "multi_worker"
 log = cli.logger("launch.multi_worker")
-
-
-def given_flag(main_flags, name):
-    """`--name` among `resnet_main.py`'s flags (the last one), or None.
-
-    Both spellings absl accepts, `--name=X` and `--name X`.
-    """
-    value = None
-    for index, flag in enumerate(main_flags):
-        if flag.startswith(f"--{name}="):
-            value = flag.partition("=")[2]
-        elif flag == f"--{name}" and index + 1 < len(main_flags):
-            value = main_flags[index + 1]
-    return value
-
-
-def given_distribution(main_flags):
-    """`--distribution` among `resnet_main.py`'s flags, or None."""
-    return given_flag(main_flags, "distribution")
 
 
 def resume_advice(main_flags):
@@ -67,7 +51,7 @@ def resume_advice(main_flags):
     repeats (bad input, no memory) would only repeat. A flag error (2) or a
     divergence (3) is the worker's own error line to read first.
     """
-    log_root = given_flag(main_flags, "log_root")
+    log_root = cli.given_flag(main_flags, "log_root")
     where = f"--log_root={log_root}" if log_root else "its --log_root"
 
     def advice(code):
@@ -103,21 +87,33 @@ def parse_args(argv):
     args = parser.parse_launcher_args(argv, dashes_required=True)
     if args.np < 1:
         parser.error("--np must be at least 1")
-    distribution = given_distribution(args.main_flags)
-    if distribution not in (None, *WORKER_MODES):
+    distribution = cli.given_flag(args.main_flags, "distribution")
+    if distribution not in (None, engines.AUTO, *WORKER_ENGINES):
         parser.error(
             f"--distribution={distribution}: these workers run "
-            "multi_worker or averaging"
+            + " or ".join(WORKER_ENGINES)
         )
     return args
+
+
+def worker_engine_flag(main_flags):
+    """`[--distribution=multi_worker]` where the flags leave it to `auto`.
+
+    These workers can run no other engine but `averaging`, which is kept
+    when given; `auto` would pick multi_worker too, but a log that names
+    the engine is clearer.
+    """
+    given = cli.given_flag(main_flags, "distribution")
+    if given in (None, engines.AUTO):
+        return [f"--distribution={DEFAULT_ENGINE}"]
+    return []
 
 
 def worker_commands(main, main_flags, num_workers):
     """`{name: (command, environment)}` of each worker, for `run_peers`."""
     hosts = [f"127.0.0.1:{port}" for port in processes.free_ports(num_workers)]
     command = [sys.executable, main, *main_flags]
-    if given_distribution(main_flags) in (None, "auto"):
-        command.append("--distribution=multi_worker")
+    command += worker_engine_flag(main_flags)
     commands = {}
     for index, host in enumerate(hosts):
         tf_config = {

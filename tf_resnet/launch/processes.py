@@ -49,8 +49,12 @@ def free_ports(count):
             sock.close()
 
 
-def _die_with_launcher(launcher_pid):
-    """Runs in each child before exec: SIGKILL it when the launcher dies."""
+def die_with(launcher_pid):
+    """A `preexec_fn` making the child get SIGKILL when `launcher_pid` dies.
+
+    Runs in the child before exec; a child whose launcher died before it
+    could ask exits at once.
+    """
 
     def set_death_signal():
         libc = ctypes.CDLL(None, use_errno=True)
@@ -105,7 +109,7 @@ class ProcessGroup:
             command,
             env=env,
             process_group=self.group,
-            preexec_fn=_die_with_launcher(os.getpid()),
+            preexec_fn=die_with(os.getpid()),
         )
         self.group = self.group or process.pid
         self.processes[name] = process

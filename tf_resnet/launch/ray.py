@@ -43,13 +43,12 @@ until `main` runs; Ray is imported there.
 """
 
 import contextlib
-import ctypes
 import os
-import signal
 import subprocess
 import sys
 
-from tf_resnet.launch import cli, multi_worker
+from tf_resnet import engines
+from tf_resnet.launch import cli, multi_worker, processes
 
 log = cli.logger("launch.ray")
 # Where Ray is pinned, for the error when it is missing.
@@ -59,7 +58,6 @@ REQUIREMENTS = "requirements-latest.txt"
 FINAL_EXIT_CODES = (2, 3)
 # The name of Ray Train's run directory under --log_root.
 RUN_NAME = "ray_train"
-PR_SET_PDEATHSIG = 1
 
 
 def parse_args(argv):
@@ -123,21 +121,19 @@ def parse_args(argv):
         parser.error("--gpus_per_worker must be >= 0, --cpus_per_worker > 0")
     if args.max_failures < 0:
         parser.error("--max_failures must be at least 0")
-    distribution = multi_worker.given_distribution(args.main_flags)
-    if distribution not in (None, *multi_worker.WORKER_MODES):
+    distribution = cli.given_flag(args.main_flags, "distribution")
+    workers_run = multi_worker.WORKER_ENGINES
+    if distribution not in (None, engines.AUTO, *workers_run):
         parser.error(
             f"--distribution={distribution}: Ray's workers form a TF_CONFIG "
-            "cluster without ps and run multi_worker or averaging"
+            "cluster without ps and run " + " or ".join(workers_run)
         )
     return args
 
 
 def worker_command(main, main_flags):
     """The command line of every worker's `resnet_main.py`, but the Python."""
-    command = [main, *main_flags]
-    if multi_worker.given_distribution(main_flags) in (None, "auto"):
-        command.append("--distribution=multi_worker")
-    return command
+    return [main, *main_flags, *multi_worker.worker_engine_flag(main_flags)]
 
 
 class WorkerExit(RuntimeError):
@@ -151,17 +147,14 @@ class WorkerExit(RuntimeError):
         return (type(self), (str(self), self.exit_code))
 
 
-def _die_with_parent():
-    """Runs in the child before exec: SIGKILL it when the actor dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def train_worker(config):
     """Ray Train's function on each worker: `resnet_main` as a child process.
 
     Runs in the worker actor, whose environment holds the `TF_CONFIG` Ray
-    Train set. It must use only the standard library and this module (which
-    is shipped by value): the workers need not import `tf_resnet`.
+    Train set. It must use only the standard library, this module and
+    `processes` (both shipped by value): the workers need not import
+    `tf_resnet`. The child dies with the actor, as a local launcher's
+    processes die with it.
 
     Args:
       config: `cwd` and `command` (after the Python) of the child.
@@ -181,7 +174,10 @@ def train_worker(config):
     command = [sys.executable, *config["command"]]
     try:
         child = subprocess.Popen(
-            command, cwd=config["cwd"], env=env, preexec_fn=_die_with_parent
+            command,
+            cwd=config["cwd"],
+            env=env,
+            preexec_fn=processes.die_with(os.getpid()),
         )
     except OSError as error:
         raise WorkerExit(
@@ -189,9 +185,8 @@ def train_worker(config):
             f"the node of worker {rank}; the repository and the data must "
             "be at the same paths on every node"
         ) from None
-    code = child.wait()
+    code = processes.exit_code(child.wait())
     if code != 0:
-        code = 128 - code if code < 0 else code  # As a shell reports it.
         raise WorkerExit(f"resnet_main exited with code {code}", code)
 
 
@@ -244,7 +239,7 @@ def check_resources(ray, args):
 
 def make_trainer(args, train, tensorflow):
     """One attempt: the `TensorflowTrainer` of all workers, no Ray retries."""
-    log_root = multi_worker.given_flag(args.main_flags, "log_root")
+    log_root = cli.given_flag(args.main_flags, "log_root")
     resources = {"CPU": args.cpus_per_worker}
     if args.gpus_per_worker:
         resources["GPU"] = args.gpus_per_worker
@@ -288,14 +283,16 @@ def import_ray():
             f"TF_RESNET_REQUIREMENTS={REQUIREMENTS} ./setup.sh env"
         )
         return None
-    if __name__ != "__main__":  # Imported: ship this module to the workers.
+    # The workers need not import tf_resnet: what they run goes by value.
+    ray.cloudpickle.register_pickle_by_value(processes)
+    if __name__ != "__main__":  # Imported: ship this module too.
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     return ray, train, tensorflow
 
 
 def run(ray, train, tensorflow, args):
     """Runs attempts until one ends; returns the launcher's exit code."""
-    log_root = multi_worker.given_flag(args.main_flags, "log_root")
+    log_root = cli.given_flag(args.main_flags, "log_root")
     restarts = 0
     while True:
         log(
