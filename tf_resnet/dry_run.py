@@ -34,15 +34,23 @@ def _engine(started):
 
 
 def report(config, started):
-    """The lines `--dry_run` prints for this process."""
+    """The lines `--dry_run` prints for this process.
+
+    Raises:
+      UserInputError: a global batch the replicas cannot split, as making
+        the mode would.
+    """
     dist, optim = config.distribution, config.optim
     in_sync, per_update, processes = replicas(config, started)
-    replica_batch = optim.batch_size // in_sync
+    engine = _engine(started)
+    replica_batch = schedules.split_batch(
+        optim.batch_size, in_sync, engine.name
+    )
     update_batch = replica_batch * per_update
     rate = schedules.scaled_learning_rate(optim.learning_rate, update_batch)
     rank, size, source = detect.local_process(dist.task_index)
     role = detect.server_job(dist.job_name)
-    engine, reason = _engine(started), started.reason
+    reason = started.reason
     if started.distribution == engines.AUTO:
         reason = f"auto: {reason} with {started.plan.replicas} device(s)"
     return "\n".join(

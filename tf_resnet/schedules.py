@@ -19,9 +19,28 @@ import math
 import keras
 from keras import ops
 
+from tf_resnet.errors import UserInputError
+
 KINDS = ("step", "cosine", "onecycle")
 
 REFERENCE_BATCH = 128
+
+
+def split_batch(global_batch, replicas, distribution):
+    """Examples per replica of one step: the global batch split evenly.
+
+    The one definition the modes (`base.DistributionMode`) and `--dry_run`
+    share.
+
+    Raises:
+      UserInputError: the batch does not split into equal parts.
+    """
+    if global_batch % replicas:
+        raise UserInputError(
+            f"--batch_size={global_batch} is not divisible by the "
+            f"{replicas} replicas of --distribution={distribution}"
+        )
+    return global_batch // replicas
 
 
 def scaled_learning_rate(base_learning_rate, update_batch):

@@ -21,7 +21,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf_resnet.errors import UserInputError
+from tf_resnet import schedules
 
 # `stop_check_every_steps` of modes whose processes must agree on a stop:
 # one all-reduce of a flag is a few ms, a noticeable part of a small step
@@ -100,13 +100,10 @@ class DistributionMode:
 
     def __init__(self, global_batch):
         """Splits the global batch; subclasses set `num_replicas` first."""
-        if global_batch % self.num_replicas:
-            raise UserInputError(
-                f"--batch_size={global_batch} is not divisible by the "
-                f"{self.num_replicas} replicas of --distribution={self.name}"
-            )
         self.global_batch = global_batch
-        self._replica_batch = global_batch // self.num_replicas
+        self._replica_batch = schedules.split_batch(
+            global_batch, self.num_replicas, self.name
+        )
 
     def scope(self):
         """Context in which the model, optimizer and metrics are created."""
