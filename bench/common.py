@@ -220,7 +220,7 @@ def worker_row(worker, rates, relative):
 
 
 def print_table(title, header, rows):
-    """A Markdown table (pasteable into README/bench/README.md)."""
+    """A Markdown table (pasteable into a page of bench/results/)."""
     print(f"\n{title}\n")
     widths = [
         max(len(str(cell)) for cell in column)

@@ -403,9 +403,9 @@ class RuntimeConfig:
         "auto",
         "Keras dtype policy. auto: mixed_bfloat16 on a CPU-only machine "
         "whose CPU computes bfloat16 natively (AMX-BF16 or AVX512-BF16: "
-        "faster at the same accuracy, bench/README.md), else float32. "
-        "mixed_float16 (GPU) adds loss scaling; float64 is for numerical "
-        "verification.",
+        "faster at the same accuracy, bench/results/train_step.md), else "
+        "float32. mixed_float16 (GPU) adds loss scaling; float64 is for "
+        "numerical verification.",
         choices=(
             "auto",
             "float32",
@@ -418,7 +418,7 @@ class RuntimeConfig:
         False,
         "Compile the forward and backward pass with XLA. Off by default: "
         "much slower on CPU (XLA's CPU convolutions bypass oneDNN, "
-        "bench/README.md); worth trying on GPUs.",
+        "bench/results/train_step.md); worth trying on GPUs.",
     )
     intra_op_threads: int = setting(
         0,

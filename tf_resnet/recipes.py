@@ -31,7 +31,7 @@ RECIPES = {
 
 # Starting points for the course's assignments; docs/recipes.md says why.
 # The from-scratch ones train with the `fast` recipe, which won at their
-# budgets (bench/README.md, "Time to accuracy"), and a slower classifier:
+# budgets (bench/results/time_to_accuracy.md), and a slower classifier:
 # course_resnet's globally max-pooled features are large, so at the
 # recipe's rate the classifier's first updates overshoot.
 PRESETS = {

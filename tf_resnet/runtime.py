@@ -62,7 +62,8 @@ def resolve_dtype(name):
     """The Keras dtype policy of `--dtype`, with `auto` resolved.
 
     bfloat16 pays on CPUs with native bfloat16 units and TF's oneDNN
-    kernels (bench/README.md has the measurements on both CPU families);
+    kernels (bench/results/train_step.md and time_to_accuracy.md have the
+    measurements on both CPU families);
     GPUs keep float32 unless asked, as mixed precision there is not
     measured on this project's machines.
     """

@@ -176,7 +176,7 @@ def pipeline_options():
     Without it, AUTOTUNE means TensorFlow's static defaults (one parallel
     call per core) and prefetch buffers still grow (the legacy autotuner,
     which needs no thread); the input stays far faster than the training
-    step (bench/README.md).
+    step (bench/results/input_pipeline.md, "tf.data autotuning off").
     """
     options = tf.data.Options()
     options.deterministic = True

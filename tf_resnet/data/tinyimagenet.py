@@ -20,8 +20,7 @@ Every listed file is checked when the split is opened (JPEG start and end
 markers), so a broken download fails with a `DataError` naming the file
 instead of a decode error deep inside `tf.data` hours into a run. Only the
 first and last two bytes are read, which keeps the check small next to
-the start-up of a run (bench/README.md, "Opening a split", has the
-numbers).
+the start-up of a run (bench/results/open_split.md has the numbers).
 """
 
 import os
@@ -183,7 +182,7 @@ class FolderSplit(Split):
     images; each image is read and decoded when it is drawn, in parallel
     before batching. Decoded images are not kept: they would hold 1.2 GB
     per pipeline, and decoding keeps ahead of the training step
-    (bench/README.md, "Input pipeline").
+    (bench/results/input_pipeline.md).
     """
 
     source = "folder"

@@ -25,7 +25,7 @@ from tf_resnet import schedules
 
 # `stop_check_every_steps` of modes whose processes must agree on a stop:
 # one all-reduce of a flag is a few ms, a noticeable part of a small step
-# (bench/README.md, "The stop check"), and nine steps more are seconds.
+# (bench/results/stop_check.md), and nine steps more are seconds.
 PEERS_STOP_CHECK_EVERY_STEPS = 10
 
 

@@ -50,7 +50,8 @@ def set_cycle_time():
 
     Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
     1 ms default it takes CPU from ranks that share the cores (measured in
-    bench/README.md, "What each change moved"). An explicit `horovodrun
+    bench/results/train_step.md, "What each change moved"). An explicit
+    `horovodrun
     --cycle-time-ms` (the same variable) still wins.
     """
     if not tf.config.list_physical_devices("GPU"):

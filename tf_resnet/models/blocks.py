@@ -94,7 +94,7 @@ def batch_norm(name=None, sync=False, zero_gamma=False):
     `tf.distribute` strategy: every replica normalises with the statistics of
     the global batch, as a single device would. The layer runs TF's fused
     kernel, which trains faster on CPU (fused_batch_norm.py says why,
-    bench/README.md has the numbers).
+    bench/results/train_step.md has the numbers).
     `zero_gamma=True` starts the scale at 0 (the layer outputs beta, 0).
     """
     return FusedBatchNormalization(
@@ -128,7 +128,8 @@ class ZeroPadShortcut(layers.Layer):
 
         Same values and gradients, but the backward pass is a oneDNN
         pooling kernel instead of TensorFlow's StridedSliceGrad scatter,
-        which makes the step faster (bench/README.md has the numbers).
+        which makes the step faster (bench/results/train_step.md has the
+        numbers).
         """
         return keras.ops.average_pool(x, 1, self.strides, padding="valid")
 

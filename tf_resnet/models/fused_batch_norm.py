@@ -7,7 +7,8 @@ float32 and back. TensorFlow's `FusedBatchNormV3` does the forward pass in
 one kernel and the backward pass in another (oneDNN on CPUs, cuDNN on
 GPUs), in bfloat16/float16 with float32 statistics, so far fewer passes
 over the activations: the training step is faster, most of all under mixed
-precision (bench/README.md has the measured speed-ups).
+precision (bench/results/train_step.md, "What each change moved", has
+the measured speed-ups).
 
 `FusedBatchNormalization` is a drop-in subclass: the same variables, names,
 checkpoints and semantics (biased batch variance in the moving average,
