@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -503,3 +504,23 @@ def test_without_ray_one_error_names_the_requirement_set():
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("launch.ray: error: ")
     assert "TF_RESNET_REQUIREMENTS=requirements-latest.txt" in lines[0]
+
+
+@requires_ray
+def test_no_cluster_at_the_address_is_one_error_within_a_minute(tmp_path):
+    with socket.socket() as probe:  # A port nothing listens on.
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tf_resnet.launch.ray", f"--address={address}",
+         "--num_workers=1", "--", f"--log_root={tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 60, result.stderr
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"launch.ray: error: no Ray cluster at --address={address}"
+    )
+    assert "ray start --head" in last and "Connection refused" in last

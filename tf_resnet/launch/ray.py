@@ -44,8 +44,11 @@ until `main` runs; Ray is imported there.
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 from tf_resnet import engines
 from tf_resnet.launch import cli, multi_worker, processes
@@ -58,6 +61,10 @@ REQUIREMENTS = "requirements-latest.txt"
 FINAL_EXIT_CODES = (2, 3)
 # The name of Ray Train's run directory under --log_root.
 RUN_NAME = "ray_train"
+# How long a cluster's address may refuse or not answer (a head starting
+# up), and how long connecting to it may take in all.
+REACH_SECS = 10
+CONNECT_SECS = 60
 
 
 def parse_args(argv):
@@ -334,6 +341,65 @@ def run(ray, train, tensorflow, args):
         return 0
 
 
+def _no_cluster(address, why):
+    """The one error line of a launcher that found no cluster."""
+    return (
+        f"error: no Ray cluster at --address={address} ({why}); start one "
+        "with `ray start --head` on the head node, or pass the address it "
+        "printed (`ray status` on a node of the cluster shows it; "
+        'docs/distributed.md, "Ray")'
+    )
+
+
+def unreachable(address, wait_secs=REACH_SECS):
+    """Why nothing answers at `host:port`, or None (also for `auto`).
+
+    Ray itself retries an address with no cluster for minutes, printing a
+    warning every few seconds; a port that refuses or a host that does not
+    answer within `wait_secs` is said at once instead.
+    """
+    host, _, port = address.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    deadline = time.monotonic() + wait_secs
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=5):
+                return None
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                return f"nothing answers at {host}:{port}: {error}"
+        time.sleep(1)
+
+
+def connect(ray, address):
+    """`ray.init` on the cluster at `address`; its error line, or None.
+
+    Gives up after `CONNECT_SECS` whatever Ray is doing (an address that
+    answers but is no Ray head, a stale `auto`): `ray.init` cannot be
+    interrupted, so the launcher exits from a timer.
+    """
+    target = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    why = unreachable(target)
+    if why:
+        return _no_cluster(address, why)
+
+    def give_up():
+        log(_no_cluster(address, f"no answer within {CONNECT_SECS} s"))
+        os._exit(2)
+
+    timer = threading.Timer(CONNECT_SECS, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        ray.init(address=address, log_to_driver=True)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        return _no_cluster(address, str(error).strip().splitlines()[0])
+    finally:
+        timer.cancel()
+    return None
+
+
 def main(argv=None):
     """Connects to the Ray cluster, trains; returns the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -341,14 +407,9 @@ def main(argv=None):
     if modules is None:
         return 2
     ray = modules[0]
-    try:
-        ray.init(address=args.address, log_to_driver=True)
-    except (ConnectionError, ValueError, RuntimeError) as error:
-        log(
-            f"error: no Ray cluster at --address={args.address} "
-            f"({str(error).strip().splitlines()[0]}); start one with "
-            '`ray start --head` (docs/distributed.md, "Ray")'
-        )
+    problem = connect(ray, args.address)
+    if problem:
+        log(problem)
         return 2
     try:
         problem = check_resources(ray, args)
