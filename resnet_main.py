@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
-from tf_resnet import dry_run, export, runtime, train_loop  # noqa: E402
+from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
@@ -73,7 +73,7 @@ def run(argv):
                 result = train_loop.train(config, mode)
                 logging.info("done: %s", result)
             else:
-                train_loop.evaluate_only(config, mode)
+                evaluation.evaluate_only(config, mode)
         finally:
             mode.shutdown()
     except (UserInputError, FileNotFoundError) as error:

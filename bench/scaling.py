@@ -52,7 +52,7 @@ def run_rank(spec):
     import keras
     import tensorflow as tf
 
-    from tf_resnet import runtime, train_loop
+    from tf_resnet import builders, runtime, train_loop
     from tf_resnet.config import make_config
     from tf_resnet.distribute.base import TrainState
     from tf_resnet.modes import make_mode
@@ -76,10 +76,8 @@ def run_rank(spec):
         config.distribution,
         started.devices,
     )
-    model = train_loop.build_model(
-        config, mode, common.training_split("cifar10")
-    )
-    optimizer = train_loop.build_optimizer(
+    model = builders.build_model(config, mode, common.training_split("cifar10"))
+    optimizer = builders.build_optimizer(
         config, mode, model, total_steps=100_000
     )
     mode.broadcast_initial_state(TrainState(model, optimizer))

@@ -131,7 +131,7 @@ def _use_keras_batch_norm():
 def setup_ours(spec):
     import tensorflow as tf
 
-    from tf_resnet import train_loop
+    from tf_resnet import builders, train_loop
     from tf_resnet.config import make_config
     from tf_resnet.distribute import tf_strategy
 
@@ -147,13 +147,13 @@ def setup_ours(spec):
         ema_decay=float(spec["ema"]),
     )
     mode = tf_strategy.default_mode(config.optim.batch_size)
-    model = train_loop.build_model(
+    model = builders.build_model(
         config, mode, common.training_split(spec["data"])
     )
-    optimizer = train_loop.build_optimizer(
+    optimizer = builders.build_optimizer(
         config, mode, model, total_steps=100_000
     )
-    ema = train_loop.make_ema(config, mode, model)  # None without ema=.
+    ema = builders.make_ema(config, mode, model)  # None without ema=.
     replica_fn = train_loop.make_replica_fn(model, optimizer, mode, config, ema)
     train_step = mode.make_train_step(replica_fn)
     if spec["input"] == "real":

@@ -2,7 +2,7 @@
 
 The reference a test compares an export with is the training model as the
 eval job has it: the run's config from its `config.json`, the model built
-by `train_loop.build_model`, the checkpoint restored by a
+by `builders.build_model`, the checkpoint restored by a
 `tf.train.Checkpoint` of its own (with the moving average copied in when
 the run kept one), and the evaluation pipeline's `finish_batch` in front.
 """
@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from tests.helpers import run_main
+from tf_resnet import builders
 from tf_resnet import config as config_lib
-from tf_resnet import train_loop
 from tf_resnet.data import DATASETS, preprocessing
 from tf_resnet.distribute.base import DistributionMode, TrainState
 from tf_resnet.tta import tta_logits
@@ -62,8 +62,8 @@ class TrainingModel:
         dtype = self._checkpoint_dtype(log_root, checkpoint)
         with _dtype_policy(dtype):
             mode = DistributionMode(1)
-            self.model = train_loop.build_model(self.config, mode, info)
-            ema = train_loop.make_ema(self.config, mode, self.model)
+            self.model = builders.build_model(self.config, mode, info)
+            ema = builders.make_ema(self.config, mode, self.model)
         state = TrainState(self.model, ema=ema)
         path = checkpoint or tf.train.latest_checkpoint(log_root)
         status = tf.train.Checkpoint(**state.checkpoint_objects()).restore(path)

@@ -20,8 +20,8 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from tests.helpers import ROOT, run_main
+from tf_resnet import builders, eval_report, evaluation, summaries, train_loop
 from tf_resnet import config as config_lib
-from tf_resnet import eval_report, evaluation, summaries, train_loop
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.distribute.base import TrainState
 
@@ -95,7 +95,7 @@ def evaluated(tmp_path_factory):
         batch_size=4,  # Three batches, the last one partial.
     )
     os.makedirs(cfg.run.log_root)
-    plan = train_loop.RunPlan(100, 10, 100, 10, 10, 0, 10, 32, NAMES)
+    plan = builders.RunPlan(100, 10, 100, 10, 10, 0, 10, 32, NAMES)
     config_lib.save(cfg, plan, summaries.atomic_write)  # Names the classes.
     mode = tf_strategy.default_mode(cfg.optim.batch_size)
     evaluator = evaluation.Evaluator(cfg, mode, TrainState(channel_model()))
@@ -331,7 +331,7 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
         eval_timeout_secs=1,
     )
     with caplog.at_level("WARNING"):
-        train_loop.evaluate_only(job, mode)
+        evaluation.evaluate_only(job, mode)
     assert list(eval_steps(tmp_path / "job" / "eval.csv")) == [3]
     assert "ckpt-2: skipped, deleted before it could be restored" in (
         caplog.text

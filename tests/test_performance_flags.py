@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import ROOT, requires_horovod, run_python
-from tf_resnet import runtime, train_loop
+from tf_resnet import builders, runtime, train_loop
 from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.models import blocks, cifar_resnet
@@ -170,7 +170,7 @@ def test_onednn_is_on_unless_turned_off(value, on):
 def tiny_training(config, steps=4, image_size=8):
     """Losses of a few steps of ResNet-8 on one fixed batch (the loop's step).
 
-    The optimizer is the project's own (`train_loop.build_optimizer`: loss
+    The optimizer is the project's own (`builders.build_optimizer`: loss
     scaling under mixed_float16), at a rate of 0.1 for the batch.
 
     Returns the per-step mean losses and the optimizer.
@@ -182,7 +182,7 @@ def tiny_training(config, steps=4, image_size=8):
     config = dataclasses.replace(
         config, optim=dataclasses.replace(config.optim, learning_rate=rate)
     )
-    optimizer = train_loop.build_optimizer(config, mode, model, 1000)
+    optimizer = builders.build_optimizer(config, mode, model, 1000)
     step = mode.make_train_step(
         train_loop.make_replica_fn(model, optimizer, mode, config)
     )
@@ -285,7 +285,7 @@ def test_weight_decay_gradient_equals_the_l2_penalty(loss_scaling):
     optimizer.build(model.trainable_variables)
     images = tf.random.normal([8, 8, 8, 3], seed=4)
     labels = tf.constant([0, 1, 2, 3, 4, 5, 6, 7])
-    kernels = train_loop.decayed_variables(model)
+    kernels = builders.decayed_variables(model)
     before = [v.numpy() for v in model.trainable_variables]
     with tf.GradientTape() as tape:
         logits = model(images, training=True)

@@ -7,13 +7,16 @@ others) and the result covers every record exactly once. The counts are
 top-1 and top-5 hits, the loss and the confusion matrix, all summed in one
 all-reduce.
 
-`continuous_eval` is the original `--mode=eval`: a separate process that
-waits for new checkpoints in `--log_root`, evaluates each one and writes
-`Precision` / `Best Precision` to `--eval_dir`. It keeps its own `eval.csv`
-and learning curve there, so it never rewrites the training run's.
+`evaluate_only` is the original `--mode=eval`: a separate process that
+builds the run's model and, in `continuous_eval`, waits for new
+checkpoints in `--log_root`, evaluates each one and writes `Precision` /
+`Best Precision` to `--eval_dir`. It keeps its own `eval.csv` and learning
+curve there, so it never rewrites the training run's.
 """
 
 import contextlib
+import dataclasses
+import functools
 import os
 import time
 
@@ -23,7 +26,9 @@ from absl import logging
 
 from tf_resnet import config as config_lib
 from tf_resnet import data, eval_report, summaries
+from tf_resnet.builders import build_model, make_ema, plan_run
 from tf_resnet.checkpointing import first_line, unreadable
+from tf_resnet.distribute.base import TrainState
 from tf_resnet.tta import tta_logits
 
 # The scalar sums of an evaluation, in the order `batch_counts` stacks them.
@@ -235,6 +240,36 @@ def _class_names(log_root, split):
     if plan.get("class_names"):
         return plan["class_names"]
     return None if split is None else split.class_names
+
+
+def evaluate_only(config, mode):
+    """`--mode=eval`: the separate evaluation job of the original example.
+
+    Needs no training data and builds no optimizer: the model's class
+    count comes from the evaluation split and the epoch of a checkpoint
+    from the step plan the training run saved in `log_root`. Writes only
+    to `--eval_dir` (never `log_root` itself: `config.validate`).
+    """
+    split = data.split_of(config, training=False)
+    model = build_model(config, mode, split)
+    continuous_eval(
+        config,
+        mode,
+        TrainState(model, ema=make_ema(config, mode, model)),
+        functools.partial(_epoch_of_step, config),
+        split,
+    )
+
+
+def _epoch_of_step(config, step):
+    """The epoch of `step` by the training run's saved plan (or its data)."""
+    plan = config_lib.read_plan(config.run.log_root)
+    if plan is None:
+        if not config.data.train_data_path:
+            return float("nan")
+        split = data.split_of(config, training=True)
+        plan = dataclasses.asdict(plan_run(config, split))
+    return step / plan["steps_per_epoch"]
 
 
 def continuous_eval(config, mode, state, epoch_of, split=None):

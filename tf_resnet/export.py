@@ -47,7 +47,8 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import summaries, train_loop
+from tf_resnet import summaries
+from tf_resnet.builders import build_model, make_ema
 from tf_resnet.checkpointing import unreadable
 from tf_resnet.data import DATASETS, cifar_binary, preprocessing
 from tf_resnet.distribute.base import DistributionMode, TrainState
@@ -143,7 +144,7 @@ def model_info(config):
 
     From the plan the training run saved with its config; without one
     (a checkpoint from elsewhere), from the dataset's facts. The input size
-    is the one `train_loop.build_model` builds the model at.
+    is the one `builders.build_model` builds the model at.
     """
     plan = config_lib.read_plan(config.run.log_root)
     if plan is None:
@@ -205,13 +206,13 @@ def _build(config, info):
         pretrained = ""
     model_config = dataclasses.replace(config.model, pretrained=pretrained)
     config = dataclasses.replace(config, model=model_config)
-    return train_loop.build_model(config, DistributionMode(1), info)
+    return build_model(config, DistributionMode(1), info)
 
 
 def _restore(config, info, path):
     mode = DistributionMode(1)
     model = _build(config, info)
-    ema = train_loop.make_ema(config, mode, model)
+    ema = make_ema(config, mode, model)
     state = TrainState(model, ema=ema)
     checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
     status = checkpoint.restore(path).expect_partial()  # No optimizer here.

@@ -1,5 +1,10 @@
 """The one training loop, for every dataset, model and distribution mode.
 
+`train` runs it: the compiled step of one replica (`make_replica_fn`),
+progress lines and summaries, the schedule of evaluations and checkpoints,
+and stopping on a signal. What it trains is made by `builders`; the
+separate `--mode=eval` job is `evaluation.evaluate_only`.
+
 A custom `GradientTape` loop (not `model.fit`) because the distribution
 modes need hooks `fit` does not offer: gradient all-reduce across Horovod
 ranks, weight averaging between local steps, asynchronous dispatch to
@@ -12,7 +17,6 @@ L2 penalty `wd/2 * ||w||^2` on conv and dense kernels, divided the same way.
 """
 
 import contextlib
-import dataclasses
 import functools
 import math
 import signal
@@ -23,17 +27,16 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import (
-    data,
-    evaluation,
-    models,
-    param_groups,
-    schedules,
-    summaries,
+from tf_resnet import data, evaluation, param_groups, summaries
+from tf_resnet.builders import (
+    build_model,
+    build_optimizer,
+    decayed_variables,
+    make_ema,
+    plan_run,
 )
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
 from tf_resnet.distribute.base import TrainState
-from tf_resnet.ema import ExponentialMovingAverage
 from tf_resnet.losses import classification_losses
 
 
@@ -47,102 +50,6 @@ class TrainingInterrupted(Exception):
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
-
-
-@dataclasses.dataclass
-class RunPlan:
-    """Step counts derived from the training split and the config.
-
-    Saved in `config.json` with the config, together with what the model
-    learned to output (class count, names, input size), so the eval job
-    and export need neither the training data nor its flags.
-    """
-
-    num_train_examples: int
-    steps_per_epoch: int
-    total_steps: int
-    eval_every_steps: int
-    checkpoint_every_steps: int
-    warmup_steps: int
-    num_classes: int
-    image_size: int
-    class_names: list | None = None
-
-
-def plan_run(config, split):
-    """Derives step counts from the opened training split."""
-    run = config.run
-    num_train = split.num_examples
-    steps_per_epoch = max(1, num_train // config.optim.batch_size)
-    if run.train_steps:
-        total = run.train_steps
-    elif run.train_epochs:
-        total = max(1, math.ceil(run.train_epochs * steps_per_epoch))
-    else:
-        total = 64_000  # The paper's CIFAR schedule, at batch 128.
-    eval_every = run.eval_every_steps or steps_per_epoch
-    return RunPlan(
-        num_train_examples=num_train,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=total,
-        eval_every_steps=eval_every,
-        checkpoint_every_steps=run.checkpoint_every_steps or eval_every,
-        warmup_steps=round(
-            config.optim.warmup_epochs * steps_per_epoch
-            or config.optim.warmup_fraction * total
-        ),
-        num_classes=split.num_classes,
-        image_size=config.data.image_size or split.image_size,
-        class_names=split.class_names,
-    )
-
-
-def build_model(config, mode, info):
-    """The model of the config, in the mode's scope.
-
-    `info` tells the class count and native image size: an opened
-    `data.Split` (classes can come from the files) or `data.DATASETS` facts.
-    """
-    size = config.data.image_size or info.image_size
-    with mode.scope():
-        return models.build_model(
-            config.model.model,
-            info.num_classes,
-            (size, size, 3),
-            pretrained=config.model.pretrained or None,
-            **config.model.options,
-        )
-
-
-def build_optimizer(config, mode, model, total_steps, warmup_steps=0):
-    """SGD with the run's schedule and its slots, in the mode's scope."""
-    optim = config.optim
-    update_batch = mode.replica_batch * mode.replicas_per_update
-    with mode.scope():
-        schedule = schedules.make_schedule(
-            optim.learning_rate,
-            update_batch,
-            total_steps,
-            optim.lr_decay_fractions,
-            optim.lr_decay_rate,
-            warmup_steps,
-            kind=optim.lr_schedule,
-            final_lr_fraction=optim.final_lr_fraction,
-        )
-        optimizer = keras.optimizers.SGD(
-            schedule, momentum=optim.momentum, nesterov=optim.nesterov
-        )
-        if keras.config.dtype_policy().name == "mixed_float16":
-            # float16 gradients underflow without loss scaling (GPU path).
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
-        mode.prepare_optimizer(optimizer)
-    return optimizer
-
-
-def decayed_variables(model):
-    """Conv and dense kernels: the variables weight decay applies to."""
-    return [v for v in model.trainable_variables if v.path.endswith("kernel")]
 
 
 def make_replica_fn(model, optimizer, mode, config, ema=None):
@@ -487,15 +394,6 @@ def _interruption(received, step, mode, checkpoints):
     )
 
 
-def make_ema(config, mode, model):
-    """The moving average of the model's weights, if the recipe has one."""
-    if not config.optim.ema_decay:
-        return None
-    return ExponentialMovingAverage(
-        model, config.optim.ema_decay, scope=mode.scope()
-    )
-
-
 def _training_dataset(
     split, config, start_step, num_shards, shard_index, batch_size
 ):
@@ -510,33 +408,3 @@ def _training_dataset(
             shard_index=shard_index,
         ),
     )
-
-
-def evaluate_only(config, mode):
-    """`--mode=eval`: the separate evaluation job of the original example.
-
-    Needs no training data and builds no optimizer: the model's class
-    count comes from the evaluation split and the epoch of a checkpoint
-    from the step plan the training run saved in `log_root`. Writes only
-    to `--eval_dir` (never `log_root` itself: `config.validate`).
-    """
-    split = data.split_of(config, training=False)
-    model = build_model(config, mode, split)
-    evaluation.continuous_eval(
-        config,
-        mode,
-        TrainState(model, ema=make_ema(config, mode, model)),
-        functools.partial(_epoch_of_step, config),
-        split,
-    )
-
-
-def _epoch_of_step(config, step):
-    """The epoch of `step` by the training run's saved plan (or its data)."""
-    plan = config_lib.read_plan(config.run.log_root)
-    if plan is None:
-        if not config.data.train_data_path:
-            return float("nan")
-        split = data.split_of(config, training=True)
-        plan = dataclasses.asdict(plan_run(config, split))
-    return step / plan["steps_per_epoch"]
