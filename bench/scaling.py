@@ -53,9 +53,9 @@ def run_rank(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, runtime, train_loop
-    from tf_resnet.config import make_config
     from tf_resnet.distribute.base import TrainState
     from tf_resnet.modes import make_mode
+    from tf_resnet.settings import make_config
 
     ranks = processes_in_job()
     data = common.DATA["cifar10"]

@@ -61,7 +61,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import common  # noqa: E402
 
-from tf_resnet import config as config_lib  # noqa: E402
+from tf_resnet import settings  # noqa: E402
 from tf_resnet.recipes import RECIPES  # noqa: E402
 
 ROOT = common.ROOT
@@ -94,7 +94,7 @@ KNOBS = (
 
 def recipe_knobs(name):
     """The knobs of `--recipe=name` as resnet_main.py resolves them."""
-    values = config_lib.flatten(config_lib.make_config(**RECIPES[name]))
+    values = settings.flatten(settings.make_config(**RECIPES[name]))
     return {key: values[key] for key in KNOBS}
 
 

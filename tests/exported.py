@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.helpers import run_main
-from tf_resnet import builders
+from tf_resnet import builders, settings
 from tf_resnet import config as config_lib
 from tf_resnet.data import DATASETS, preprocessing
 from tf_resnet.distribute.base import DistributionMode, TrainState
@@ -56,7 +56,7 @@ class TrainingModel:
     """The model of a run's checkpoint, as training evaluates it."""
 
     def __init__(self, log_root, checkpoint=None, use_ema=True):
-        self.config = config_lib.make_config(**config_lib.load_saved(log_root))
+        self.config = settings.make_config(**config_lib.load_saved(log_root))
         self.plan = config_lib.read_plan(log_root)
         info = types.SimpleNamespace(**self.plan)
         dtype = self._checkpoint_dtype(log_root, checkpoint)

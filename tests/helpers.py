@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tf_resnet import config as config_lib
+from tf_resnet import settings
 from tf_resnet.data import DATASETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,10 +34,10 @@ requires_horovod = pytest.mark.skipif(
 def flag_values(log_root):
     """The flags' defaults, with the data paths a run needs, as flat values.
 
-    What `config_lib.resolve` receives from a command line that gives only
+    What `config.resolve` receives from a command line that gives only
     `--train_data_path`, `--eval_data_path` and `--log_root=log_root`.
     """
-    values = config_lib.flatten(config_lib.Config())
+    values = settings.flatten(settings.Config())
     values.update(
         train_data_path="x", eval_data_path="y", log_root=str(log_root)
     )

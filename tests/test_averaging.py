@@ -19,9 +19,9 @@ from tests import horovod_runs
 from tests.helpers import HAS_HOROVOD, requires_horovod
 from tests.horovod_runs import Spec
 from tf_resnet import engines
-from tf_resnet.config import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
+from tf_resnet.settings import DistributionConfig
 
 ENGINES = pytest.mark.parametrize(
     "launcher",

@@ -99,9 +99,9 @@ def test_a_single_process_needs_no_launcher(tmp_path):
 SAME_AS_THE_MODE = """
 import json, sys
 import tf_resnet
-from tf_resnet import config as config_lib, dry_run, runtime
+from tf_resnet import dry_run, runtime, settings
 from tf_resnet.modes import make_mode
-config = config_lib.make_config(**json.loads(sys.argv[1]))
+config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)
 mode = make_mode(started.distribution, config.optim.batch_size,
                  config.distribution, started.devices)

@@ -20,7 +20,15 @@ from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
 from tests.helpers import ROOT, run_main
-from tf_resnet import builders, eval_report, evaluation, summaries, train_loop
+from tf_resnet import (
+    builders,
+    eval_report,
+    evaluation,
+    settings,
+    summaries,
+    train_loop,
+    validation,
+)
 from tf_resnet import config as config_lib
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.distribute.base import TrainState
@@ -89,7 +97,7 @@ def evaluated(tmp_path_factory):
     """One evaluation at step 7 of the channel model by the `Evaluator`."""
     folder = tmp_path_factory.mktemp("report")
     write_records(folder / "test_batch.bin")
-    cfg = config_lib.make_config(
+    cfg = settings.make_config(
         eval_data_path=str(folder / "test_batch.bin"),
         log_root=str(folder / "log"),
         batch_size=4,  # Three batches, the last one partial.
@@ -290,7 +298,7 @@ def test_the_run_logs_its_flags_for_the_hparams_dashboard(side_by_side):
     assert hparams["model"].string_value == "resnet20"
     assert hparams["lr_decay_fractions"].string_value == "[0.5, 0.75]"
     assert hparams["image_size"].string_value == "null"
-    assert set(config_lib.FIELD_NAMES) <= set(hparams)
+    assert set(settings.FIELD_NAMES) <= set(hparams)
 
 
 def test_a_checkpoint_deleted_before_its_restore_is_skipped(
@@ -309,8 +317,8 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
         dtype="float32",
     )
     mode = tf_strategy.default_mode(16)
-    train_loop.train(config_lib.make_config(**values), mode)
-    next_run = config_lib.make_config(**{**values, "train_steps": 3})
+    train_loop.train(settings.make_config(**values), mode)
+    next_run = settings.make_config(**{**values, "train_steps": 3})
     checkpoint_paths = evaluation._checkpoint_paths
 
     def train_on_after_the_first(run):
@@ -324,7 +332,7 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
     monkeypatch.setattr(
         evaluation, "_checkpoint_paths", train_on_after_the_first
     )
-    job = config_lib.make_config(
+    job = settings.make_config(
         **values,
         mode="eval",
         eval_dir=str(tmp_path / "job"),
@@ -339,11 +347,11 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
 
 
 def test_the_eval_job_refuses_log_root_as_its_eval_dir(tmp_path):
-    cfg = config_lib.make_config(
+    cfg = settings.make_config(
         mode="eval",
         log_root=str(tmp_path),
         eval_dir=str(tmp_path) + "/.",
         eval_data_path=str(tmp_path / "test_batch.bin"),
     )
     with pytest.raises(ValueError, match="is --log_root"):
-        config_lib.validate(cfg)
+        validation.validate(cfg)

@@ -17,9 +17,9 @@ import pytest
 from tests import horovod_runs
 from tests.helpers import load_data_script, requires_horovod, run_main
 from tests.horovod_runs import Spec
-from tf_resnet.config import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
+from tf_resnet.settings import DistributionConfig
 
 make_synthetic_cifar = load_data_script("make_synthetic_cifar")
 

@@ -23,8 +23,7 @@ import pytest
 from tests import horovod_runs
 from tests.helpers import ROOT, resnet8_flags
 from tests.horovod_runs import dumped_weights
-from tf_resnet import config as config_lib
-from tf_resnet import engines
+from tf_resnet import engines, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
@@ -319,14 +318,14 @@ def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
     ],
 )
 def test_contradictory_flags(values, message):
-    config = config_lib.make_config(
+    config = settings.make_config(
         distribution="multi_worker",
         train_data_path="x",
         eval_data_path="y",
         **values,
     )
     with pytest.raises(UserInputError, match=message):
-        config_lib.validate(config)
+        validation.validate(config)
 
 
 def test_launcher_gives_each_worker_its_tf_config():

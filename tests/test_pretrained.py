@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from tests.helpers import flag_values, run_main, write_cifar_records
 from tf_resnet import config as config_lib
-from tf_resnet import param_groups, train_loop
-from tf_resnet.config import make_config
+from tf_resnet import param_groups, settings, train_loop
 from tf_resnet.distribute import base, tf_strategy
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import build_model, pretrained
+from tf_resnet.settings import make_config
 
 try:
     import torch
@@ -392,10 +392,10 @@ def test_distributed_presets_are_course_cifar100_on_a_cluster(
     tmp_path, preset, distribution
 ):
     values = flag_values(tmp_path)
-    course = config_lib.flatten(
+    course = settings.flatten(
         config_lib.resolve({**values, "preset": "course_cifar100"}, set())
     )
-    flat = config_lib.flatten(
+    flat = settings.flatten(
         config_lib.resolve({**values, "preset": preset}, set())
     )
     assert flat["distribution"] == distribution

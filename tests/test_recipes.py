@@ -9,7 +9,7 @@ import tensorflow as tf
 from tests.helpers import flag_values, run_main
 from tests.test_reliability import train_args
 from tf_resnet import config as config_lib
-from tf_resnet import recipes
+from tf_resnet import recipes, settings
 
 
 def _sums(log_root):
@@ -63,7 +63,7 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     values = flag_values(tmp_path)
     fast = config_lib.resolve({**values, "recipe": "fast"}, {"recipe"})
     for name, value in recipes.RECIPES["fast"].items():
-        assert config_lib.flatten(fast)[name] == value, name
+        assert settings.flatten(fast)[name] == value, name
     tuned = config_lib.resolve(
         {**values, "recipe": "fast", "learning_rate": 0.2},
         {"recipe", "learning_rate"},
@@ -71,7 +71,7 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     assert tuned.optim.learning_rate == 0.2
     assert tuned.optim.lr_schedule == "onecycle"
     paper = config_lib.resolve(values, set())
-    assert config_lib.flatten(paper) == values | {"recipe": "paper"}
+    assert settings.flatten(paper) == values | {"recipe": "paper"}
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
 )
 def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
     values = flag_values(tmp_path)
-    flat = config_lib.flatten(
+    flat = settings.flatten(
         config_lib.resolve({**values, "preset": preset}, set())
     )
     assert flat["recipe"] == "fast"
@@ -93,7 +93,7 @@ def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
     for name, value in recipes.RECIPES["fast"].items():
         assert flat[name] == own.get(name, value), name
     # --recipe=paper under a preset: the paper's knobs, the preset's task.
-    paper = config_lib.flatten(
+    paper = settings.flatten(
         config_lib.resolve(
             {**values, "preset": preset, "recipe": "paper"}, {"recipe"}
         )

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import HAS_HOROVOD, ROOT
-from tf_resnet.config import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
+from tf_resnet.settings import DistributionConfig
 
 
 def _pins(name):

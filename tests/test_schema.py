@@ -9,8 +9,7 @@ import textwrap
 import pytest
 from absl import flags
 
-from tf_resnet import config as config_lib
-from tf_resnet import engines, schema
+from tf_resnet import engines, schema, settings, validation
 from tf_resnet import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
@@ -33,7 +32,7 @@ def flag_values():
 def test_each_field_is_one_flag_with_its_default_help_and_choices(
     flag_values,
 ):
-    fields = config_lib.fields()
+    fields = settings.fields()
     assert sorted(flag_values) == sorted(f.name for f in fields)
     assert set(ORIGINAL_FLAGS) <= set(flag_values)
     for field in fields:
@@ -85,17 +84,17 @@ def test_parsed_flags_fill_the_config(flag_values, tmp_path):
     ],
 )
 def test_bounds_and_choices_come_from_the_schema(values, message):
-    config = config_lib.make_config(
+    config = settings.make_config(
         train_data_path="x", eval_data_path="y", **values
     )
     with pytest.raises(UserInputError) as error:
-        config_lib.validate(config)
+        validation.validate(config)
     assert message in str(error.value)
 
 
 def test_the_eval_job_has_its_own_default_dir(tmp_path):
-    train = config_lib.make_config(log_root=str(tmp_path))
-    job = config_lib.make_config(log_root=str(tmp_path), mode="eval")
+    train = settings.make_config(log_root=str(tmp_path))
+    job = settings.make_config(log_root=str(tmp_path), mode="eval")
     assert train.run.eval_dir == str(tmp_path / "eval")
     assert job.run.eval_dir == str(tmp_path / "eval_job")
 
@@ -120,7 +119,7 @@ def _calls(function):
 
 
 def test_the_registry_names_every_distribution_and_its_factories():
-    field = {f.name: f for f in config_lib.fields()}["distribution"]
+    field = {f.name: f for f in settings.fields()}["distribution"]
     assert schema.choices(field) == engines.DISTRIBUTIONS
     assert ("auto", *engines.ENGINES) == engines.DISTRIBUTIONS
     for engine in engines.ENGINES.values():
@@ -151,7 +150,7 @@ def _no_launcher(monkeypatch):
 
 def test_auto_recognises_a_slurm_job_step_of_several_tasks(monkeypatch):
     _no_launcher(monkeypatch)
-    dist = config_lib.DistributionConfig()
+    dist = settings.DistributionConfig()
     assert engines.resolve("auto") == ("auto", "one process")
     assert engines.averaging_transport(dist)[0] == "horovod"
     monkeypatch.setenv("SLURM_PROCID", "1")
@@ -191,7 +190,7 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
     per_process = [n for n, e in engines.ENGINES.items() if e.per_process]
     assert per_process == ["horovod", "averaging"]
     for name in engines.ENGINES:
-        config = config_lib.make_config(
+        config = settings.make_config(
             distribution=name,
             sync_bn=True,
             train_data_path="x",
@@ -199,9 +198,9 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
         )
         if name in per_process:
             with pytest.raises(UserInputError, match="--sync_bn is not"):
-                config_lib.validate(config)
-            two = config_lib.DistributionConfig(name, cpu_replicas=2)
+                validation.validate(config)
+            two = settings.DistributionConfig(name, cpu_replicas=2)
             with pytest.raises(UserInputError, match="one .* per .*"):
                 engines.ENGINES[name].check(two)
         elif name != "parameter_server":  # Which needs a cluster.
-            config_lib.validate(config)
+            validation.validate(config)

@@ -8,10 +8,10 @@ import tensorflow as tf
 
 from tests.helpers import all_batches, run_main
 from tf_resnet import data, train_loop
-from tf_resnet.config import make_config
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError, UserInputError
+from tf_resnet.settings import make_config
 
 # Created in this (unsorted) order: labels must follow the sorted names.
 WNIDS = ("n03000000", "n01000000", "n02000000")

@@ -10,8 +10,8 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from tests.helpers import run_main
 from tf_resnet import train_loop
-from tf_resnet.config import make_config
 from tf_resnet.distribute import tf_strategy
+from tf_resnet.settings import make_config
 
 
 def config(synthetic, log_root, **overrides):

@@ -18,6 +18,7 @@ import pytest
 from tests.helpers import load_data_script
 from tests.test_cifar_pickle import write_py2_pickle
 from tf_resnet import config as config_lib
+from tf_resnet import settings
 from tf_resnet.data import DATASETS, InputOptions, open_split, pipeline
 
 CLASSES, PER_CLASS = 100, 120  # CIFAR-100 files sorted by label.
@@ -204,7 +205,7 @@ def test_image_folder_batches_hold_the_classes_of_a_uniform_draw(folder_200):
 
 
 def test_a_run_saved_with_a_shuffle_buffer_still_resumes(tmp_path):
-    config = config_lib.make_config(log_root=str(tmp_path))
+    config = settings.make_config(log_root=str(tmp_path))
     document = {"config": json.loads(config.to_json()), "plan": {}}
     document["config"]["data"]["shuffle_buffer"] = 10_000
     with open(os.path.join(tmp_path, config_lib.CONFIG_FILE), "w") as stream:

@@ -77,7 +77,7 @@ def build_model(config, mode, info):
             info.num_classes,
             (size, size, 3),
             pretrained=config.model.pretrained or None,
-            **config.model.options,
+            **config.model.given(),
         )
 
 

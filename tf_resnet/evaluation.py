@@ -248,7 +248,7 @@ def evaluate_only(config, mode):
     Needs no training data and builds no optimizer: the model's class
     count comes from the evaluation split and the epoch of a checkpoint
     from the step plan the training run saved in `log_root`. Writes only
-    to `--eval_dir` (never `log_root` itself: `config.validate`).
+    to `--eval_dir` (never `log_root` itself: `validation.validate`).
     """
     split = data.split_of(config, training=False)
     model = build_model(config, mode, split)

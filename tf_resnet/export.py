@@ -70,7 +70,7 @@ def export(config, export_dir, checkpoint=None):
     `export_dir` is replaced.
 
     Args:
-      config: the run's `config.Config` (as resolved from its saved
+      config: the run's `settings.Config` (as resolved from its saved
         `config.json` and the flags).
       export_dir: the directory to write; new, empty, or an earlier export.
       checkpoint: path of the checkpoint to export (e.g. `LOG/ckpt-2000`);

@@ -1,26 +1,25 @@
-"""The absl flags of `resnet_main.py`, generated from the config's schema.
+"""The absl flags of `resnet_main.py`, generated from the settings' schema.
 
-One flag per `config` field, of the same name, default, help and choices
+One flag per `settings` field, of the same name, default, help and choices
 (`schema.setting`), so a setting is defined once. The names and meanings
 of the original tensorflow/models `resnet_main.py` and of the Ray ResNet
 example are kept: `--dataset --mode --train_data_path --eval_data_path
 --log_root --train_dir --eval_dir --eval_batch_count --eval_once
 --num_gpus --image_size`.
 
-Bounds are not handed to absl: `config.validate` checks them, with the
+Bounds are not handed to absl: `validation.validate` checks them, with the
 same one-line error for the command line and for code building a config.
 """
 
 from absl import flags
 
-from tf_resnet import config as config_lib
-from tf_resnet import schema
+from tf_resnet import config, schema, settings
 
 FLAGS = flags.FLAGS
 
 
 def define(field, flag_values=FLAGS):
-    """Defines the absl flag of one config field."""
+    """Defines the absl flag of one settings field."""
     name, default = field.name, field.default
     help_text = field.metadata["help"]
     kind, allowed = schema.base_type(field), schema.choices(field)
@@ -43,18 +42,18 @@ def define(field, flag_values=FLAGS):
 
 
 def define_all(flag_values=FLAGS):
-    """Every flag of resnet_main.py: one per config field."""
-    for field in config_lib.fields():
+    """Every flag of resnet_main.py: one per settings field."""
+    for field in settings.fields():
         define(field, flag_values)
 
 
 def config_from_flags(flag_values=FLAGS):
-    """The run's `config.Config` from the parsed flags, layered, validated.
+    """The run's `settings.Config` from the parsed flags, layered, validated.
 
     Flags given on the command line win over `--preset` and over the saved
     configuration of the run in `--log_root` (`config.resolve`).
     """
-    names = config_lib.FIELD_NAMES
+    names = settings.FIELD_NAMES
     values = {name: flag_values[name].value for name in names}
     explicit = {name for name in names if flag_values[name].present}
-    return config_lib.resolve(values, explicit)
+    return config.resolve(values, explicit)

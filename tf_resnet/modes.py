@@ -8,8 +8,8 @@ imports it.
 """
 
 from tf_resnet import engines, schema
-from tf_resnet.config import DistributionConfig
 from tf_resnet.errors import UserInputError
+from tf_resnet.settings import DistributionConfig
 
 
 def _call(engine, function, *args):

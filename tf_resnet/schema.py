@@ -1,16 +1,15 @@
 """How a setting is defined once: a dataclass field that carries its flag.
 
-Every setting of a run is a field of one of `config`'s groups, declared with
+Every setting of a run is a field of a group in `settings`, declared with
 `setting(default, help, choices=..., bounds=...)`. The field's default, help
 text, choices and bounds are all there is: `flags` generates the absl flag
 of the same name from them, and `check` validates a filled group against
 them, so the command line and the checks cannot disagree with the config.
 
-Imports no TensorFlow (`config` is read by launchers and tools).
+Imports no TensorFlow (`settings` is read by launchers and tools).
 """
 
 import dataclasses
-import importlib
 import math
 import types
 import typing
@@ -62,8 +61,8 @@ def setting(default, help, *, choices=None, bounds=None):
     Args:
       default: the value when nothing sets it (also the flag's default).
       help: the flag's help text.
-      choices: the allowed values, or a function returning them where the
-        names live in a module that imports TensorFlow (models, datasets);
+      choices: the allowed values, or a function returning them when asked
+        (the models, which a script may register after this is imported);
         those are checked by the flag parser and by the code that uses them.
       bounds: a `Range` a number must lie in.
 
@@ -72,22 +71,6 @@ def setting(default, help, *, choices=None, bounds=None):
     """
     metadata = {"help": help, "choices": choices, "bounds": bounds}
     return dataclasses.field(default=default, metadata=metadata)
-
-
-def defined_in(path):
-    """Lazy choices: the names of `module:ATTRIBUTE`, read when asked.
-
-    For names owned by a module that imports TensorFlow (the models, the
-    datasets): the flag parser asks, and that module checks its own names
-    when it is used.
-    """
-    module_name, attribute = path.split(":")
-
-    def names():
-        values = getattr(importlib.import_module(module_name), attribute)
-        return sorted(values) if isinstance(values, dict) else tuple(values)
-
-    return names
 
 
 def base_type(field):
@@ -99,7 +82,7 @@ def base_type(field):
 
 
 def choices(field):
-    """The field's allowed values (a lazy list resolved), or None."""
+    """The field's allowed values, or None; a function's are asked for."""
     allowed = field.metadata.get("choices")
     return tuple(allowed()) if callable(allowed) else allowed
 

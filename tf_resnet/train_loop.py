@@ -27,7 +27,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import data, evaluation, param_groups, summaries
+from tf_resnet import data, evaluation, param_groups, settings, summaries
 from tf_resnet.builders import (
     build_model,
     build_optimizer,
@@ -306,7 +306,7 @@ def _train(config, mode, plan, split):
     restored = checkpoints.restore()
     if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
         config_lib.save(config, plan, summaries.atomic_write)
-        summaries.write_hparams(run.log_root, config_lib.flatten(config))
+        summaries.write_hparams(run.log_root, settings.flatten(config))
     mode.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
     if restored:

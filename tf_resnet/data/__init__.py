@@ -12,8 +12,8 @@ each.
 import os
 
 from tf_resnet.data import cifar_binary, cifar_pickle, tfds_source, tinyimagenet
-from tf_resnet.data.facts import DATASETS, DatasetFacts
 from tf_resnet.data.split import InputOptions, Split
+from tf_resnet.dataset_facts import DATASETS, DatasetFacts
 from tf_resnet.errors import DataError, UserInputError
 
 __all__ = [
@@ -114,7 +114,7 @@ def open_split(dataset, path, *, training, source=None):
 
 
 def split_of(config, training):
-    """The training or evaluation split of a run's `config.Config`."""
+    """The training or evaluation split of a run's `settings.Config`."""
     return open_split(
         config.data.dataset,
         config.data.split_path(training),
@@ -124,7 +124,7 @@ def split_of(config, training):
 
 
 def input_options(config, **options):
-    """`InputOptions` of a run's `config.Config`, plus per-pipeline `options`.
+    """`InputOptions` of a run's `settings.Config`, plus per-pipeline `options`.
 
     One place turns the config's input settings (normalisation, size,
     training order, the recipe's cutout and batch mixing) into pipeline options,

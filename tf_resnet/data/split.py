@@ -14,7 +14,7 @@ import abc
 import dataclasses
 
 from tf_resnet.data import augment, pipeline, preprocessing
-from tf_resnet.data.facts import DATASETS
+from tf_resnet.dataset_facts import DATASETS
 from tf_resnet.errors import UserInputError
 
 NORMALIZATIONS = ("per_image", "dataset")

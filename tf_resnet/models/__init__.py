@@ -2,36 +2,32 @@
 
 All models map float32 images to logits (no softmax); the loss is computed
 from logits in the training loop. Every model is a variant of one builder
-(`resnet.resnet`) and reads its options from one type (`ModelOptions`);
-each family (`cifar_resnet`, `course_resnet`, `imagenet_resnet`) says which
-options it takes.
+(`resnet.resnet`) and reads its options from one type (`ModelOptions`).
+Which models there are, their families and the options each family takes
+are the table of `tf_resnet.model_families`; this package builds them.
 """
 
 import functools
 
+from tf_resnet import model_families
 from tf_resnet.errors import UserInputError
+from tf_resnet.model_families import ModelOptions
 from tf_resnet.models import cifar_resnet, course_resnet, imagenet_resnet
 from tf_resnet.models import pretrained as pretrained_weights
-from tf_resnet.models.options import ModelOptions
 from tf_resnet.models.resnet import HEAD_LAYER
 
 __all__ = ["HEAD_LAYER", "MODELS", "ModelOptions", "build_model"]
 
-_CIFAR_DEPTHS = (20, 32, 44, 56, 110, 1202)
-
-MODELS = {}
-for _depth in _CIFAR_DEPTHS:
-    MODELS[f"resnet{_depth}"] = functools.partial(
-        cifar_resnet.cifar_resnet, _depth, version=1
-    )
-    MODELS[f"resnet{_depth}_v2"] = functools.partial(
-        cifar_resnet.cifar_resnet, _depth, version=2
-    )
-MODELS["course_resnet"] = course_resnet.course_resnet
-for _depth in imagenet_resnet.LAYOUTS:
-    MODELS[f"resnet{_depth}"] = functools.partial(
-        imagenet_resnet.imagenet_resnet, _depth
-    )
+# Each family's builder; a `Variant` gives it the model's own arguments.
+BUILDERS = {
+    model_families.CIFAR: cifar_resnet.cifar_resnet,
+    model_families.COURSE: course_resnet.course_resnet,
+    model_families.IMAGENET: imagenet_resnet.imagenet_resnet,
+}
+MODELS = {
+    name: functools.partial(BUILDERS[variant.family], **variant.arguments)
+    for name, variant in model_families.VARIANTS.items()
+}
 
 
 def build_model(
@@ -40,8 +36,8 @@ def build_model(
     """Builds a registered model.
 
     Args:
-      name: one of `MODELS` (`resnet20` ... `resnet1202`, `..._v2`,
-        `course_resnet`, `resnet18`, `resnet34`, `resnet50`).
+      name: one of `MODELS`: the models of `model_families.VARIANTS`, and
+        any a script has registered since.
       num_classes: size of the classifier.
       input_shape: `(H, W, 3)` of the input images.
       pretrained: `"imagenet"` or a weights file to start from (see

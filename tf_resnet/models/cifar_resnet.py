@@ -12,13 +12,8 @@ The paper's CIFAR default is the parameter-free zero-padding shortcut
 a final BN-ReLU before pooling.
 """
 
+from tf_resnet.model_families import CIFAR
 from tf_resnet.models import blocks, resnet
-from tf_resnet.models.options import Family, ModelOptions
-
-FAMILY = Family(
-    label="resnet20..resnet1202 and their _v2",
-    defaults=ModelOptions(shortcut="zero_pad", stem="cifar"),
-)
 
 
 def cifar_resnet(
@@ -37,7 +32,7 @@ def cifar_resnet(
       input_shape: `(H, W, 3)`; any size works, 32x32 is the reference.
       version: 1 (post-activation) or 2 (pre-activation).
       name: model name; defaults to `resnet{depth}[_v2]`.
-      **options: `FAMILY.takes` of `ModelOptions` (shortcut, sync_bn,
+      **options: `CIFAR.takes` of `ModelOptions` (shortcut, sync_bn,
         zero_init_residual).
 
     Returns:
@@ -58,7 +53,7 @@ def cifar_resnet(
         ),
         num_classes,
         input_shape,
-        FAMILY.resolve(name, options),
+        CIFAR.resolve(name, options),
         name=name,
         stem_filters=16,
         preact=preact,

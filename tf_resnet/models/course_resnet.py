@@ -19,8 +19,8 @@ classes and 3,585,256 for 200; batch norm adds 6,336 moving statistics
 tests/test_course_models.py).
 """
 
+from tf_resnet.model_families import COURSE
 from tf_resnet.models import blocks, resnet
-from tf_resnet.models.options import COMMON, Family, ModelOptions
 
 # (name, filters, blocks) of each stage, as in the assignment's figure.
 STAGES = (
@@ -28,14 +28,6 @@ STAGES = (
     ("conv3_x", 64, 4),
     ("conv4_x", 128, 4),
     ("conv5_x", 256, 2),
-)
-# The assignment's projection shortcut and its one dropout, after the stem.
-FAMILY = Family(
-    label="course_resnet",
-    defaults=ModelOptions(
-        shortcut="projection", stem="cifar", dropout_rate=0.2
-    ),
-    takes=COMMON | {"dropout_rate"},
 )
 
 
@@ -48,7 +40,7 @@ def course_resnet(
       num_classes: outputs of the classifier (logits, no softmax).
       input_shape: `(H, W, 3)`; 32x32 and 64x64 are the intended sizes.
       name: model name.
-      **options: `FAMILY.takes` of `ModelOptions` (dropout_rate, shortcut,
+      **options: `COURSE.takes` of `ModelOptions` (dropout_rate, shortcut,
         sync_bn, zero_init_residual).
 
     Returns:
@@ -62,7 +54,7 @@ def course_resnet(
         ),
         num_classes,
         input_shape,
-        FAMILY.resolve(name, options),
+        COURSE.resolve(name, options),
         name=name,
         stem_filters=32,
         pooling="max",

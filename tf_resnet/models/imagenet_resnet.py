@@ -18,20 +18,11 @@ Stems (`--stem`, see `resnet.stem`):
     images from scratch; ImageNet weights then no longer fit the stem.
 """
 
+from tf_resnet.model_families import IMAGENET, IMAGENET_LAYOUTS
 from tf_resnet.models import blocks, resnet
-from tf_resnet.models.options import COMMON, Family, ModelOptions
 
-LAYOUTS = {
-    18: (blocks.BasicBlock, (2, 2, 2, 2)),
-    34: (blocks.BasicBlock, (3, 4, 6, 3)),
-    50: (blocks.Bottleneck, (3, 4, 6, 3)),
-}
-# torchvision's projection shortcuts and stem; the stem fits small images.
-FAMILY = Family(
-    label="resnet18/34/50",
-    defaults=ModelOptions(shortcut="projection", stem="imagenet"),
-    takes=COMMON | {"stem"},
-)
+# The block kinds that `IMAGENET_LAYOUTS` names.
+BLOCKS = {"basic": blocks.BasicBlock, "bottleneck": blocks.Bottleneck}
 
 
 def imagenet_resnet(
@@ -40,27 +31,27 @@ def imagenet_resnet(
     """Builds a torchvision-layout ResNet.
 
     Args:
-      depth: 18, 34 or 50.
+      depth: a key of `IMAGENET_LAYOUTS`.
       num_classes: outputs of the classifier (logits, no softmax).
       input_shape: `(H, W, 3)`.
       name: model name; defaults to `resnet{depth}`.
-      **options: `FAMILY.takes` of `ModelOptions` (stem, shortcut, sync_bn,
+      **options: `IMAGENET.takes` of `ModelOptions` (stem, shortcut, sync_bn,
         zero_init_residual; torchvision has a `zero_init_residual` too).
 
     Returns:
       A `keras.Model` mapping images to logits.
     """
-    block, stage_sizes = LAYOUTS[depth]
+    kind, stage_sizes = IMAGENET_LAYOUTS[depth]
     name = name or f"resnet{depth}"
     return resnet.resnet(
         resnet.stack(
-            block,
+            BLOCKS[kind],
             zip((64, 128, 256, 512), stage_sizes, strict=True),
             symmetric_padding=True,
         ),
         num_classes,
         input_shape,
-        FAMILY.resolve(name, options),
+        IMAGENET.resolve(name, options),
         name=name,
         stem_filters=64,
     )

@@ -1,4 +1,8 @@
-"""The one table of dataset facts every reader, model and benchmark uses."""
+"""The one table of dataset facts: the readers', the config's, the benches'.
+
+Outside `tf_resnet.data`, whose package imports TensorFlow, so that the
+config offers and checks the dataset names without it.
+"""
 
 import dataclasses
 
