@@ -24,7 +24,6 @@ from tf_resnet.settings import (
     CARRIED,
     GROUPS,
     TOP_LEVEL,
-    Config,
     RunConfig,
     flatten,
     make_config,
@@ -100,30 +99,30 @@ RETIRED_FIELDS = frozenset({"shuffle_buffer"})
 
 
 def load_saved(log_root):
-    """The flat fields of `log_root/config.json`, `None` if there is none."""
+    """The flat fields of `log_root/config.json`, `None` if there is none.
+
+    Each setting is read by its name, whichever group saved it, so a run
+    saved before a setting moved to another group still resumes.
+    """
     path, document = _read_saved(log_root)
     if document is None:
         return None
     try:
         saved = document["config"]
-        return flatten(
-            Config(
-                **{
-                    group: GROUPS[group](**_current(saved[group]))
-                    for group in GROUPS
-                },
-                **{name: saved[name] for name in TOP_LEVEL if name in saved},
-            )
-        )
+        values = {name: saved[name] for name in TOP_LEVEL if name in saved}
+        for group in GROUPS:
+            values.update(saved[group])
+        current = {
+            name: value
+            for name, value in values.items()
+            if name not in RETIRED_FIELDS
+        }
+        return flatten(make_config(**current))
     except (ValueError, KeyError, TypeError) as error:
         raise UserInputError(
             f"{path}: not a readable tf-resnet run configuration ({error}); "
             "move it away to start the run's configuration afresh"
         ) from None
-
-
-def _current(fields):
-    return {k: v for k, v in fields.items() if k not in RETIRED_FIELDS}
 
 
 def read_plan(log_root):

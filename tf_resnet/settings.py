@@ -7,8 +7,10 @@ from the field, `validation.validate` checks every group against the same
 declarations, and `config.resolve` fills a `Config` from its layers (the
 defaults, recipes and presets, the run's saved `config.json`, the flags).
 
-The options of a model are settings too, declared where the model
-families that take them are (`ModelOptions`, which `ModelConfig` extends).
+The options of a model and the knobs of the input pipeline are settings
+too, declared where what reads them is typed: `ModelConfig` extends
+`model_families.ModelOptions`, `DataConfig` extends
+`input_options.InputKnobs`.
 
 This module imports no TensorFlow, so launchers and tools can read a run's
 configuration cheaply.
@@ -19,6 +21,7 @@ import json
 import os
 
 from tf_resnet import dataset_facts, detect, engines, recipes
+from tf_resnet.input_options import InputKnobs
 from tf_resnet.model_families import IMAGENET_LABEL, ModelOptions
 from tf_resnet.schema import (
     AT_LEAST_ONE,
@@ -44,9 +47,14 @@ def registered_models():
     return tuple(sorted(models.MODELS))
 
 
-@dataclasses.dataclass
-class DataConfig:
-    """Which dataset, where its files are and how they are read."""
+@dataclasses.dataclass(frozen=True)
+class DataConfig(InputKnobs):
+    """Which dataset, where its files are, and how they are read.
+
+    How every pipeline reads and augments them (`--normalization`,
+    `--cutout_size`, ...) are the inherited fields of `InputKnobs`: one
+    declaration is the flag, the setting and what the pipeline reads.
+    """
 
     dataset: str = setting(
         "cifar10",
@@ -77,21 +85,6 @@ class DataConfig:
         "",
         "--data_source=tfds: TFDS data dir of the prepared dataset (empty: "
         "~/tensorflow_datasets), for both splits.",
-    )
-    image_size: int | None = setting(
-        None,
-        "Side of the model input; images are resized when it differs from "
-        "the dataset's (e.g. 224 for ImageNet weights).",
-    )
-    shuffle: bool = setting(
-        True,
-        "Each training epoch a new permutation of the whole training split; "
-        "--noshuffle reads it in file order (for checks).",
-    )
-    normalization: str = setting(
-        "per_image",
-        "per_image standardisation, or the dataset's per-channel mean/std.",
-        choices=("per_image", "dataset"),
     )
 
     def split_path(self, training):
@@ -182,15 +175,6 @@ class OptimConfig:
         "Test-time augmentation: flip = mean of the logits of the image and "
         "its mirror (evaluation and export).",
         choices=("none", "flip"),
-    )
-    mixup_alpha: float = setting(
-        0.0, "Mixup Beta(alpha, alpha); 0: off.", bounds=NON_NEGATIVE
-    )
-    cutmix_alpha: float = setting(
-        0.0, "CutMix Beta(alpha, alpha); 0: off.", bounds=NON_NEGATIVE
-    )
-    cutout_size: int = setting(
-        0, "Cutout square side; 0: off.", bounds=NON_NEGATIVE
     )
     freeze_backbone_epochs: float = setting(
         0.0,

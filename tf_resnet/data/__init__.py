@@ -12,9 +12,10 @@ each.
 import os
 
 from tf_resnet.data import cifar_binary, cifar_pickle, tfds_source, tinyimagenet
-from tf_resnet.data.split import InputOptions, Split
+from tf_resnet.data.split import Split
 from tf_resnet.dataset_facts import DATASETS, DatasetFacts
 from tf_resnet.errors import DataError, UserInputError
+from tf_resnet.input_options import InputOptions
 
 __all__ = [
     "input_options",
@@ -126,17 +127,8 @@ def split_of(config, training):
 def input_options(config, **options):
     """`InputOptions` of a run's `settings.Config`, plus per-pipeline `options`.
 
-    One place turns the config's input settings (normalisation, size,
-    training order, the recipe's cutout and batch mixing) into pipeline options,
-    for training and evaluation alike.
+    The run's data settings are the knobs of every pipeline
+    (`settings.DataConfig` is an `InputKnobs`), for training and evaluation
+    alike.
     """
-    optim = config.optim
-    return InputOptions(
-        shuffle=config.data.shuffle,
-        image_size=config.data.image_size,
-        normalization=config.data.normalization,
-        cutout_size=optim.cutout_size,
-        mixup_alpha=optim.mixup_alpha,
-        cutmix_alpha=optim.cutmix_alpha,
-        **options,
-    )
+    return InputOptions(**{**config.data.knobs(), **options})

@@ -11,65 +11,10 @@ split (`pipeline.training_order`).
 """
 
 import abc
-import dataclasses
 
 from tf_resnet.data import augment, pipeline, preprocessing
 from tf_resnet.dataset_facts import DATASETS
-from tf_resnet.errors import UserInputError
-
-NORMALIZATIONS = ("per_image", "dataset")
-
-
-@dataclasses.dataclass(frozen=True)
-class InputOptions:
-    """How one input pipeline reads a split.
-
-    Attributes:
-      seed: seed of the training order and of the augmentation.
-      shuffle: training: each epoch a new permutation of the whole split
-        (`pipeline.training_order`); `False` reads it in file order, for
-        checks that need to know which example comes when.
-      start_step: training batches to skip (the step a run resumes at).
-      num_shards: input pipelines reading disjoint shards (Horovod ranks,
-        workers or tf.distribute input pipelines).
-      shard_index: which shard this pipeline reads.
-      image_size: side of the output images; `None` keeps the dataset's.
-      pad: zero padding of the training crop; `None`: the dataset's.
-      normalization: `per_image` standardises each image on its own (the
-        original example); `dataset` subtracts the dataset's per-channel
-        mean and divides by its std (`DatasetFacts.mean`/`std`).
-      cutout_size: training: side of a square zeroed at a random place of
-        each image (0: off).
-      mixup_alpha: training: mixup of each batch with Beta(a, a) weights
-        (0: off); labels become `[B, classes]` float targets.
-      cutmix_alpha: training: CutMix likewise (with mixup: one of the two
-        per batch).
-    """
-
-    seed: int = 0
-    shuffle: bool = True
-    start_step: int = 0
-    num_shards: int = 1
-    shard_index: int = 0
-    image_size: int | None = None
-    pad: int | None = None
-    normalization: str = "per_image"
-    cutout_size: int = 0
-    mixup_alpha: float = 0.0
-    cutmix_alpha: float = 0.0
-
-    def __post_init__(self):
-        if self.normalization not in NORMALIZATIONS:
-            raise UserInputError(
-                f"normalization={self.normalization!r}: expected one of "
-                f"{', '.join(NORMALIZATIONS)}"
-            )
-        if not 0 <= self.shard_index < self.num_shards:
-            raise UserInputError(
-                f"shard_index={self.shard_index} is not in "
-                f"[0, num_shards={self.num_shards})"
-            )
-
+from tf_resnet.input_options import InputOptions
 
 DEFAULT_OPTIONS = InputOptions()
 
