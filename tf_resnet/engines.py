@@ -394,7 +394,7 @@ def resolve(distribution, preset=None, dist=None):
     Args:
       distribution: the resolved `--distribution` value.
       preset: the run's `--preset`, named as the reason when it set it.
-      dist: the `config.DistributionConfig`, for flags that name a task.
+      dist: the `settings.DistributionConfig`, for flags that name a task.
 
     Returns:
       `(name, reason)`.

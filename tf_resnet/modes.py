@@ -34,7 +34,7 @@ def make_mode(distribution, global_batch, config=None, devices=None):
         `auto` that start-up could not resolve from the launcher becomes
         the engine it falls back to for these devices (`engines.fallback`).
       global_batch: examples of one step over all replicas of all workers.
-      config: the `config.DistributionConfig` (None: defaults); checked
+      config: the `settings.DistributionConfig` (None: defaults); checked
         against its schema and the engine's own constraints first.
       devices: the device plan's names (`runtime.start`; None: the
         default device).

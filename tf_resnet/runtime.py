@@ -156,7 +156,7 @@ def start(config):
     """Sets threads, dtype policy, devices and determinism; in that order.
 
     Args:
-      config: a validated `config.Config`.
+      config: a validated `settings.Config`.
 
     Returns:
       `Started`.

@@ -372,7 +372,7 @@ def _worker_index(resolver):
 
 
 def make_mode(global_batch, config, devices):
-    """The mode for `config.DistributionConfig`; first TF work of the run."""
+    """The mode for `settings.DistributionConfig`; first TF work of the run."""
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     strategy = make_strategy(resolver, config.collective_timeout_secs)

@@ -153,7 +153,7 @@ def serve(dist):
     """Serves until killed if this process is a ps or worker task.
 
     Args:
-      dist: the `config.DistributionConfig`.
+      dist: the `settings.DistributionConfig`.
 
     Returns:
       False for the coordinator (and any process outside a ps cluster).
