@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_resnet import model_families, models, settings, validation
 from tf_resnet.errors import UserInputError
-from tf_resnet.models import build_model
+from tf_resnet.models import build_model, pretrained
 
 # He et al. 2016, Table 6 (millions of parameters, as printed).
 TABLE_6 = {20: 0.27, 32: 0.46, 44: 0.66, 56: 0.85, 110: 1.7, 1202: 19.4}
@@ -41,3 +42,16 @@ def test_any_input_size_and_unknown_name():
     assert model(tf.zeros([1, 64, 64, 3])).shape == (1, 10)
     with pytest.raises(UserInputError, match="unknown model 'resnet21'"):
         build_model("resnet21", 10)
+
+
+def test_one_table_names_the_models_and_what_each_family_takes():
+    assert set(models.MODELS) == set(model_families.VARIANTS)
+    assert pretrained.TORCHVISION_MODELS == ("resnet18", "resnet34", "resnet50")
+    config = settings.make_config(
+        stem="cifar", train_data_path="x", eval_data_path="y"
+    )
+    refusal = "--stem is for resnet18/34/50, not resnet20"
+    with pytest.raises(UserInputError, match=refusal):
+        validation.validate(config)  # Before anything is built.
+    with pytest.raises(UserInputError, match=refusal):
+        build_model("resnet20", 10, stem="cifar")

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from absl import flags
 
-from tf_resnet import engines, schema, settings, validation
+from tf_resnet import data, engines, schema, settings, validation
 from tf_resnet import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
@@ -204,3 +204,10 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
                 engines.ENGINES[name].check(two)
         elif name != "parameter_server":  # Which needs a cluster.
             validation.validate(config)
+
+
+def test_every_input_knob_is_a_data_setting_the_pipeline_is_given():
+    knobs = {"normalization": "dataset", "cutout_size": 4, "mixup_alpha": 0.2}
+    options = data.input_options(settings.make_config(**knobs), seed=3)
+    for name, value in {**knobs, "seed": 3}.items():
+        assert getattr(options, name) == value, name

@@ -7,10 +7,10 @@ from the field, `validation.validate` checks every group against the same
 declarations, and `config.resolve` fills a `Config` from its layers (the
 defaults, recipes and presets, the run's saved `config.json`, the flags).
 
-The options of a model and the knobs of the input pipeline are settings
-too, declared where what reads them is typed: `ModelConfig` extends
-`model_families.ModelOptions`, `DataConfig` extends
-`input_options.InputKnobs`.
+The model options and the input knobs are declared on the types their
+readers take: `ModelConfig` extends `model_families.ModelOptions` and
+`DataConfig` extends `input_options.InputKnobs`, so each is one field, a
+setting here and an option there.
 
 This module imports no TensorFlow, so launchers and tools can read a run's
 configuration cheaply.
@@ -51,9 +51,9 @@ def registered_models():
 class DataConfig(InputKnobs):
     """Which dataset, where its files are, and how they are read.
 
-    How every pipeline reads and augments them (`--normalization`,
-    `--cutout_size`, ...) are the inherited fields of `InputKnobs`: one
-    declaration is the flag, the setting and what the pipeline reads.
+    The knobs of every input pipeline (`--normalization`, `--cutout_size`,
+    ...) are the inherited fields of `InputKnobs`: one declaration is the
+    flag, the setting and what the pipeline reads.
     """
 
     dataset: str = setting(
