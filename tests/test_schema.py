@@ -100,7 +100,7 @@ def test_the_eval_job_has_its_own_default_dir(tmp_path):
 
 
 def _calls(function):
-    """`[(module, function)]` a lazy factory of the registry imports and calls."""
+    """`[(module, function)]` that a lazy factory imports and calls."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     imported = {
         alias.asname or alias.name: f"{node.module}.{alias.name}"
