@@ -2,7 +2,7 @@
 
 `horovodrun` 0.28.1 serves its rendezvous on `0.0.0.0` for the whole run.
 Here the ranks are a tiny script without TensorFlow that reports what it
-sees; the training tests (horovod_runs.py) run through the same launcher.
+sees; the training tests (engine_runs.py) run through the same launcher.
 """
 
 import json

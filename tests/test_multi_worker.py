@@ -20,16 +20,16 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
+from tests.engine_runs import dumped_weights
 from tests.helpers import ROOT, resnet8_flags
-from tests.horovod_runs import dumped_weights
 from tf_resnet import config as config_lib
 from tf_resnet import engines
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
 
-WORKER = horovod_runs.WORKER
+WORKER = engine_runs.WORKER
 
 
 def launch(dump_dir, flags, workers=2):
@@ -41,7 +41,7 @@ def launch(dump_dir, flags, workers=2):
         f"--dump_dir={dump_dir}", *flags,
     ]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=ROOT, env=horovod_runs.worker_env(), text=True,
+        command, cwd=ROOT, env=engine_runs.worker_env(), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
@@ -52,10 +52,10 @@ def finish(process, timeout=240):
 
 
 def test_two_workers_train_exactly_like_one_process(tmp_path):
-    # horovod_runs' equivalence setup: the workers read strides of the one
+    # engine_runs' equivalence setup: the workers read strides of the one
     # process's permutation, and no crop or flip changes the model, so both
     # runs see the same examples each step.
-    flags = horovod_runs.equivalence_flags(0.4)
+    flags = engine_runs.equivalence_flags(0.4)
     cluster = launch(
         tmp_path / "mw", [*flags, f"--log_root={tmp_path / 'mw' / 'log'}"]
     )
@@ -65,7 +65,7 @@ def test_two_workers_train_exactly_like_one_process(tmp_path):
             *flags, "--distribution=default",
             f"--log_root={tmp_path / 'default'}",
         ],
-        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
+        cwd=ROOT, env=engine_runs.worker_env(), capture_output=True,
         text=True, timeout=240,
     )  # fmt: skip
     code, output = finish(cluster)
@@ -79,7 +79,7 @@ def test_two_workers_train_exactly_like_one_process(tmp_path):
     for ours, theirs in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
     # Float32 sums in another order: equal to 1e-4 of what training moved.
-    horovod_runs.assert_same_weights(
+    engine_runs.assert_same_weights(
         worker0, expected, dumped_weights(tmp_path, 0, "first")
     )
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
@@ -181,7 +181,7 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
             sys.executable, "-c", textwrap.dedent(SURVIVOR), ROOT,
             signal_name, str(tmp_path), *flags,
         ],
-        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
+        cwd=ROOT, env=engine_runs.worker_env(), capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

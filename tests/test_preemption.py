@@ -25,10 +25,10 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
 from tests.helpers import ROOT, requires_horovod, resnet8_flags
 
-WORKER = horovod_runs.WORKER
+WORKER = engine_runs.WORKER
 STEPS = 60
 FIRST_CHECKPOINT = 4
 STOPPED = r"stopped: (SIGTERM|stop requested by another process) at step (\d+)"
@@ -74,7 +74,7 @@ def private_tmp(folder):
     """
     tmp = pathlib.Path(folder) / "tmp"
     tmp.mkdir(exist_ok=True)
-    return horovod_runs.worker_env(TMPDIR=str(tmp))
+    return engine_runs.worker_env(TMPDIR=str(tmp))
 
 
 def train_flags(synthetic_cifar, log_root, dump_dir):
@@ -133,7 +133,7 @@ class Cluster:
         return codes, logs
 
     def weights(self, rank):
-        return horovod_runs.dumped_weights(self.dump_dir, rank)
+        return engine_runs.dumped_weights(self.dump_dir, rank)
 
 
 def stop_of(log):
@@ -305,7 +305,7 @@ class Killed:
         return self._finish(timeout=900)
 
     def weights(self, rank):
-        return horovod_runs.dumped_weights(self.dump_dir, rank)
+        return engine_runs.dumped_weights(self.dump_dir, rank)
 
 
 @pytest.mark.slow
@@ -383,7 +383,7 @@ def test_horovod_ranks_stop_at_one_step_and_resume(synthetic_cifar, tmp_path):
     first is rerun (as for multi_worker, one rerun covers the resume)."""
     log_roots = {name: tmp_path / name for name in ("reference", "one", "both")}
     started = {
-        name: horovod_runs.start_worker(
+        name: engine_runs.start_worker(
             horovod_flags(synthetic_cifar, log_root), ranks=2, **SLOW_START
         )
         for name, log_root in log_roots.items()
@@ -417,7 +417,7 @@ def test_horovod_ranks_stop_at_one_step_and_resume(synthetic_cifar, tmp_path):
             step,
         )
         steps[name] = step
-    rerun = horovod_runs.start_worker(
+    rerun = engine_runs.start_worker(
         horovod_flags(synthetic_cifar, log_roots["one"]), ranks=2, **SLOW_START
     ).result(timeout=900)
     rerun.check()

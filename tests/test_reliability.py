@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
 from tests.helpers import ROOT, requires_horovod, run_main
 from tests.test_training import checkpoint_weights, eval_rows, scalars
 
@@ -204,10 +204,10 @@ def test_horovod_ranks_resume_together_like_an_uninterrupted_run(
         "--deterministic",
     ]
     pieces = [*flags, f"--log_root={tmp_path / 'pieces'}", "--steps_per_run=12"]
-    straight, _ = horovod_runs.run_workers(
+    straight, _ = engine_runs.run_workers(
         ([*flags, f"--log_root={tmp_path / 'straight'}"], 2), (pieces, 2)
     )
-    (second,) = horovod_runs.run_workers((pieces, 2))
+    (second,) = engine_runs.run_workers((pieces, 2))
     for rank in (0, 1):
         assert re.search(
             rf"\[{rank}\]<stderr>:.*resumed from \S+ckpt-12 at step 12",

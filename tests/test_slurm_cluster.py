@@ -31,9 +31,9 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
+from tests.engine_runs import dumped_weights
 from tests.helpers import ROOT, requires_horovod, write_cifar_records
-from tests.horovod_runs import dumped_weights
 from tests.slurm_cluster import NODES, SlurmCluster, missing_programs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -179,7 +179,7 @@ def test_every_slurm_script_completes(cluster, data, tmp_path, name):
 
 # Across the nodes ---------------------------------------------------------
 
-Spec = horovod_runs.Spec
+Spec = engine_runs.Spec
 
 
 def srun_workers(cluster, args, timeout=400):
@@ -188,10 +188,10 @@ def srun_workers(cluster, args, timeout=400):
     Returns:
       `(exit code, output, dump dir)`.
     """
-    dump_dir = horovod_runs.new_dir("slurm")
+    dump_dir = engine_runs.new_dir("slurm")
     result = cluster.run(
         ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-         sys.executable, horovod_runs.WORKER, f"--dump_dir={dump_dir}",
+         sys.executable, engine_runs.WORKER, f"--dump_dir={dump_dir}",
          f"--log_root={dump_dir}/log", *args],
         check=False, cwd=ROOT, timeout=timeout,
     )  # fmt: skip
@@ -218,14 +218,14 @@ def test_multi_worker_across_nodes_equals_one_process(cluster):
     nodes' bridge addresses, no TF_CONFIG and no --worker_hosts."""
     code, output, dump_dir = srun_workers(
         cluster,
-        [*horovod_runs.equivalence_flags(0.4), "--distribution=multi_worker"],
+        [*engine_runs.equivalence_flags(0.4), "--distribution=multi_worker"],
     )
     assert code == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
     assert_workers_identical(dump_dir)
-    (single,) = horovod_runs.equivalence_runs(Spec("default"))
-    horovod_runs.assert_same_weights(
+    (single,) = engine_runs.equivalence_runs(Spec("default"))
+    engine_runs.assert_same_weights(
         dumped_weights(dump_dir, 0),
         single.weights(),
         single.weights(name="first"),
@@ -235,15 +235,15 @@ def test_multi_worker_across_nodes_equals_one_process(cluster):
 def test_averaging_every_step_across_nodes_equals_synchronous_sgd(cluster):
     code, output, dump_dir = srun_workers(
         cluster,
-        [*horovod_runs.equivalence_flags(0.8), "--distribution=averaging",
+        [*engine_runs.equivalence_flags(0.8), "--distribution=averaging",
          "--average_every=1"],
     )  # fmt: skip
     assert code == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert "over 2 replica(s) (averaging)" in output
-    (sync,) = horovod_runs.equivalence_runs(Spec("default"))
+    (sync,) = engine_runs.equivalence_runs(Spec("default"))
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             dumped_weights(dump_dir, rank),
             sync.weights(),
             sync.weights(name="first"),
@@ -272,21 +272,21 @@ def test_batch_norm_statistics_agree_across_nodes(cluster, synthetic_cifar):
 def test_horovod_ranks_over_ssh_equal_one_process(cluster):
     """horovodrun on node1 starts the rank on node2 over ssh, as a cluster
     user does in an allocation, and Gloo talks over the bridge (eth0)."""
-    dump_dir = horovod_runs.new_dir("slurm_horovod")
+    dump_dir = engine_runs.new_dir("slurm_horovod")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     result = cluster.run(
         [horovodrun, "-np", "2", "-H", "node1:1,node2:1", "--gloo",
-         "--network-interface", "eth0", sys.executable, horovod_runs.WORKER,
+         "--network-interface", "eth0", sys.executable, engine_runs.WORKER,
          f"--dump_dir={dump_dir}", f"--log_root={dump_dir}/log",
-         *horovod_runs.equivalence_flags(0.4), "--distribution=horovod"],
+         *engine_runs.equivalence_flags(0.4), "--distribution=horovod"],
         host="node1", check=False, cwd=ROOT, timeout=400,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert_workers_identical(dump_dir)
-    (single,) = horovod_runs.equivalence_runs(Spec("default"))
-    horovod_runs.assert_same_weights(
+    (single,) = engine_runs.equivalence_runs(Spec("default"))
+    engine_runs.assert_same_weights(
         dumped_weights(dump_dir, 0),
         single.weights(),
         single.weights(name="first"),
@@ -492,7 +492,7 @@ def test_a_frozen_worker_on_the_other_node_ends_the_job(cluster, data):
     --collective_timeout_secs (or the coordination service's heartbeat)
     ends node1's wait; it exits 4 (a lost task) naming the checkpoint a
     rerun resumes from, and srun ends the step."""
-    dump_dir = str(horovod_runs.new_dir("slurm_frozen"))
+    dump_dir = str(engine_runs.new_dir("slurm_frozen"))
     command = [
         "srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         sys.executable, "resnet_main.py", "--distribution=multi_worker",
