@@ -35,14 +35,16 @@ import time
 import pytest
 
 from tests import engine_runs
+from tests.data_files import batch_job_data
 from tests.engine_runs import Spec, dumped_weights
 from tests.helpers import ROOT, requires_horovod
-from tests.slurm_cluster import SlurmCluster, as_user, missing_programs
-from tests.test_slurm_cluster import (
+from tests.slurm_cluster import (
     JOB_TIMEOUT,
     REQUEUE_FLAGS,
     SMALL,
-    make_data,
+    SlurmCluster,
+    as_user,
+    missing_programs,
     output_of,
 )
 
@@ -334,7 +336,7 @@ def test_srun_mpi_ranks_across_nodes_equal_horovodrun(cluster, student):
 def data(world):
     folder = os.path.join(world, "data")
     os.makedirs(folder)
-    files = make_data(pathlib.Path(folder))
+    files = batch_job_data(pathlib.Path(folder))
     for parent, dirs, _ in os.walk(folder):
         for name in dirs:
             os.chmod(os.path.join(parent, name), 0o755)

@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, requires_horovod
-from tests.test_parameter_server import listening_ports
+from tests.helpers import ROOT, listening_ports, requires_horovod
 from tf_resnet.launch import horovod
 
 # Reports its interfaces, pid and rendezvous port, then waits for the test

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, run_main
+from tests.helpers import ROOT, listening_ports, run_main
 from tf_resnet.distribute import parameter_server
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import ps
@@ -95,18 +95,6 @@ class Launch:
 
     def ports(self):
         return [int(p) for p in re.findall(r"at 127\.0\.0\.1:(\d+)", self.text)]
-
-
-def listening_ports(pid="self"):
-    """TCP ports in LISTEN state in the network namespace of `pid`."""
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{name}") as stream:
-            for row in stream.readlines()[1:]:
-                fields = row.split()
-                if fields[3] == "0A":  # TCP_LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def assert_all_gone(pids):

@@ -32,21 +32,25 @@ import numpy as np
 import pytest
 
 from tests import engine_runs
+from tests.data_files import batch_job_data
 from tests.engine_runs import dumped_weights
-from tests.helpers import ROOT, requires_horovod, write_cifar_records
-from tests.slurm_cluster import NODES, SlurmCluster, missing_programs
+from tests.helpers import ROOT, checkpoint_weights, requires_horovod
+from tests.slurm_cluster import (
+    JOB_TIMEOUT,
+    NODES,
+    REQUEUE_FLAGS,
+    SMALL,
+    SlurmCluster,
+    missing_programs,
+    output_of,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-SMALL = (
-    "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1 "
-    "--eval_batch_count=1"
-)
 # Slurm grants the scripts' GPU requests from GPUs it believes in; none is
 # real, and a single-node job asked for --num_gpus=N stops with an error
 # when TensorFlow sees fewer: here the CPU is the device.
 CPU = "--num_gpus=0"
-JOB_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
@@ -64,29 +68,9 @@ def cluster(tmp_path_factory):
         slurm.stop()
 
 
-def make_data(folder):
-    """Generated CIFAR-10 and -100, Tiny-ImageNet, ResNet-18 weights."""
-    from tests.test_batch_scripts import (
-        cifar100_files,
-        resnet18_weights_file,
-        tiny_imagenet_root,
-    )
-
-    cifar10 = folder / "cifar-10-batches-bin"
-    cifar10.mkdir()
-    write_cifar_records(cifar10 / "data_batch_1.bin", "cifar10", 64, seed=2)
-    write_cifar_records(cifar10 / "test_batch.bin", "cifar10", 16, seed=3)
-    return {
-        "DATA": str(cifar10),
-        **cifar100_files(folder),
-        "DATA_ROOT": tiny_imagenet_root(folder),
-        "PRETRAINED": resnet18_weights_file(folder),
-    }
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
+    return batch_job_data(tmp_path_factory.mktemp("data"))
 
 
 # name: (script, environment, sbatch options, processes, nodes used)
@@ -137,17 +121,6 @@ def submit(cluster, name, data, home):
         del env["TRAIN_DATA"], env["EVAL_DATA"]
     path = os.path.join(ROOT, "scripts", script)
     return cluster.sbatch(path, cwd=home, env=env, args=options)
-
-
-def output_of(home):
-    """The job's output files (Slurm writes them in the submit dir)."""
-    text = ""
-    for path in sorted(glob.glob(os.path.join(home, "*.out"))) + sorted(
-        glob.glob(os.path.join(home, "*.err"))
-    ):
-        with open(path, errors="replace") as stream:
-            text += stream.read()
-    return text
 
 
 @pytest.mark.parametrize("name", JOBS)
@@ -335,15 +308,6 @@ def test_parameter_server_on_another_node_trains_like_one_process(
 
 # Preemption -----------------------------------------------------------------
 
-# Long enough that the requeue lands mid-run. A checkpoint every 7 steps:
-# synchronous processes agree on a stop every 10 steps
-# (PEERS_STOP_CHECK_EVERY_STEPS), so the requeued job resumes from the
-# stop's own checkpoint, not from a periodic one.
-REQUEUE_FLAGS = (
-    "--model=resnet20 --batch_size=8 --train_steps=60 --log_every_steps=1 "
-    "--checkpoint_every_steps=7 --eval_every_steps=1000 --eval_batch_count=1 "
-    "--dtype=float32"
-)
 REQUEUE_JOBS = {
     "multi_worker": (
         "slurm/course_sync_cifar100.sbatch",
@@ -390,8 +354,6 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
 ):
     if engine == "horovod" and requires_horovod.args[0]:
         pytest.skip("needs Horovod (the pinned requirement set)")
-    from tests.test_training import checkpoint_weights
-
     script, env = REQUEUE_JOBS[engine]
     straight_home, requeued_home = tmp_path / "straight", tmp_path / "requeued"
     straight_home.mkdir()
