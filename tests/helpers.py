@@ -36,6 +36,36 @@ requires_horovod = pytest.mark.skipif(
     reason="Horovod is not installed (requirements-latest.txt has none)",
 )
 
+
+def pinned_version(package, requirements="requirements.txt"):
+    """The version `requirements` (a file in ROOT) pins `package` to."""
+    with open(os.path.join(ROOT, requirements)) as stream:
+        pins = dict(
+            re.findall(r"^([A-Za-z0-9_.\[\]-]+)==(\S+)", stream.read(), re.M)
+        )
+    return pins[package]
+
+
+PINNED_TENSORFLOW = pinned_version("tensorflow-cpu")
+ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
+
+# CI (.ci/run) runs the suite on both requirement sets. A multi-process
+# equivalence or engine run whose point is not the TensorFlow version runs
+# on one: the pinned set (requirements.txt, TensorFlow 2.18, which also
+# has Horovod); the engines on the newest TensorFlow keep their own tests
+# (Ray's cluster, the failure handling). `test_requirement_sets` makes
+# sure the pinned set never skips these.
+on_one_set = pytest.mark.skipif(
+    not ON_PINNED_SET,
+    reason=(
+        "multi-process equivalence: runs once, on the pinned set only "
+        f"(requirements.txt, TensorFlow {PINNED_TENSORFLOW}; .ci/run runs "
+        f"it there); skipped on TensorFlow {tf.__version__} (e.g. the newest "
+        "set, requirements-latest.txt): `./setup.sh test` with the default "
+        "requirements.txt runs it"
+    ),
+)
+
 # Enters a loopback-only network namespace, then runs bash SCRIPT.
 IN_PRIVATE_NETWORK = (
     "import os, sys; from tf_resnet.launch import private_network; "

@@ -3,7 +3,9 @@
 Each equivalence test runs on both engines: two Horovod ranks
 (`tf_resnet.launch.horovod`) and two workers of a TF_CONFIG cluster
 (`tf_resnet.launch.multi_worker`, TensorFlow's collectives), each launcher
-in a loopback-only network namespace.
+in a loopback-only network namespace. Both run on the pinned set only
+(`on_one_set`; Horovod is there alone); on the newest set, averaging on
+multi_worker workers is the Ray cluster test's (`tests/test_ray.py`).
 
 Each rank's step uses the learning rate of its own batch (8 of the global
 16), so an averaging run at `--learning_rate=0.8` takes the same steps as a
@@ -17,7 +19,7 @@ import pytest
 
 from tests import engine_runs
 from tests.engine_runs import Spec
-from tests.helpers import HAS_HOROVOD, requires_horovod
+from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
 from tf_resnet import engines
 from tf_resnet.config import DistributionConfig
 from tf_resnet.distribute import make_mode
@@ -27,7 +29,7 @@ ENGINES = pytest.mark.parametrize(
     "launcher",
     [
         pytest.param("horovod", marks=requires_horovod),
-        pytest.param("multi_worker", marks=pytest.mark.slow),
+        pytest.param("multi_worker", marks=[pytest.mark.slow, on_one_set]),
     ],
 )
 # The synchronous reference: Horovod's own mode on its ranks; for the

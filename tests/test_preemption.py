@@ -10,6 +10,7 @@ The multi_worker runs start their two workers themselves (in a
 loopback-only network namespace, as `tf_resnet.launch.multi_worker` does)
 to see each worker's exit code and log apart. The runs of one test start
 side by side: the CI machine has 2 cores, and start-up is most of a run.
+They run once, on the pinned set (`on_one_set`), as the Horovod ones do.
 """
 
 import json
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests import engine_runs
-from tests.helpers import ROOT, requires_horovod, resnet8_flags
+from tests.helpers import ROOT, on_one_set, requires_horovod, resnet8_flags
 
 WORKER = engine_runs.WORKER
 STEPS = 60
@@ -215,6 +216,7 @@ def multi_worker_runs(synthetic_cifar, tmp_path_factory):
 
 
 @pytest.mark.slow
+@on_one_set
 @pytest.mark.parametrize("signalled", ["one", "both"])
 def test_multi_worker_stops_at_one_step_and_resumes(
     multi_worker_runs, signalled
@@ -309,6 +311,7 @@ class Killed:
 
 
 @pytest.mark.slow
+@on_one_set
 def test_the_launcher_names_a_killed_worker_and_a_rerun_resumes(
     multi_worker_runs,
 ):
