@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from tests import engine_runs
-from tests.engine_runs import dumped_weights
+from tests.engine_runs import Spec, dumped_weights
 from tests.helpers import ROOT, on_one_set, resnet8_flags
 from tf_resnet import config as config_lib
 from tf_resnet import engines
@@ -57,38 +57,24 @@ def finish(process, timeout=240):
 
 
 @on_one_set
-def test_two_workers_train_exactly_like_one_process(tmp_path):
+def test_two_workers_train_exactly_like_one_process():
     # engine_runs' equivalence setup: the workers read strides of the one
     # process's permutation, and no crop or flip changes the model, so both
-    # runs see the same examples each step.
-    flags = engine_runs.equivalence_flags(0.4)
-    cluster = launch(
-        tmp_path / "mw", [*flags, f"--log_root={tmp_path / 'mw' / 'log'}"]
+    # runs see the same examples each step. The one process is the run the
+    # Horovod and averaging tests compare with too, trained once per pytest
+    # worker (engine_runs caches it).
+    single, cluster = engine_runs.equivalence_runs(
+        Spec("default"), Spec("multi_worker", 2, launcher="multi_worker")
     )
-    single = subprocess.run(
-        [
-            sys.executable, WORKER, f"--dump_dir={tmp_path}",
-            *flags, "--distribution=default",
-            f"--log_root={tmp_path / 'default'}",
-        ],
-        cwd=ROOT, env=engine_runs.worker_env(), capture_output=True,
-        text=True, timeout=240,
-    )  # fmt: skip
-    code, output = finish(cluster)
-    assert code == 0, output[-3000:]
-    assert single.returncode == 0, single.stderr[-3000:]
-    expected = dumped_weights(tmp_path, 0)
-    worker0, worker1 = (
-        dumped_weights(tmp_path / "mw", 0),
-        dumped_weights(tmp_path / "mw", 1),
-    )
+    expected = single.weights()
+    worker0, worker1 = cluster.weights(0), cluster.weights(1)
     for ours, theirs in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
     # Float32 sums in another order: equal to 1e-4 of what training moved.
     engine_runs.assert_same_weights(
-        worker0, expected, dumped_weights(tmp_path, 0, "first")
+        worker0, expected, single.weights(name="first")
     )
-    assert "global batch 16 over 2 replica(s) (multi_worker)" in output
+    assert "global batch 16 over 2 replica(s) (multi_worker)" in cluster.output
 
 
 @pytest.mark.slow
