@@ -58,11 +58,11 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 on_one_set = pytest.mark.skipif(
     not ON_PINNED_SET,
     reason=(
-        "multi-process equivalence: runs once, on the pinned set only "
-        f"(requirements.txt, TensorFlow {PINNED_TENSORFLOW}; .ci/run runs "
-        f"it there); skipped on TensorFlow {tf.__version__} (e.g. the newest "
-        "set, requirements-latest.txt): `./setup.sh test` with the default "
-        "requirements.txt runs it"
+        "multi-process equivalence or engine run: runs once, on the pinned "
+        f"set only (requirements.txt, TensorFlow {PINNED_TENSORFLOW}; "
+        f".ci/run runs it there); skipped on TensorFlow {tf.__version__} "
+        "(e.g. the newest set, requirements-latest.txt): `./setup.sh test` "
+        "with the default requirements.txt runs it"
     ),
 )
 
