@@ -1,12 +1,18 @@
 """Helpers shared by the tests (fixtures stay in conftest.py).
 
+A test module imports none of the others (`test_suite_layout` checks):
+what two of them share lives here, or in a module named for what it
+holds (`data_files`, `engine_runs`, `slurm_cluster`).
+
 The scripts of the top-level `data/` folder are not a package (and would
 clash with `tf_resnet.data` as a bare `data`): `load_data_script` loads one
 by its path under the distinct module name `data_script_<name>`.
 """
 
+import csv
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 
@@ -14,9 +20,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
 
 from tf_resnet import settings
-from tf_resnet.data import DATASETS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +34,43 @@ HAS_HOROVOD = importlib.util.find_spec("horovod") is not None
 requires_horovod = pytest.mark.skipif(
     not HAS_HOROVOD,
     reason="Horovod is not installed (requirements-latest.txt has none)",
+)
+
+
+def pinned_version(package, requirements="requirements.txt"):
+    """The version `requirements` (a file in ROOT) pins `package` to."""
+    with open(os.path.join(ROOT, requirements)) as stream:
+        pins = dict(
+            re.findall(r"^([A-Za-z0-9_.\[\]-]+)==(\S+)", stream.read(), re.M)
+        )
+    return pins[package]
+
+
+PINNED_TENSORFLOW = pinned_version("tensorflow-cpu")
+ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
+
+# CI (.ci/run) runs the suite on both requirement sets. A multi-process
+# equivalence or engine run whose point is not the TensorFlow version runs
+# on one: the pinned set (requirements.txt, TensorFlow 2.18, which also
+# has Horovod); the engines on the newest TensorFlow keep their own tests
+# (Ray's cluster, the failure handling). `test_requirement_sets` makes
+# sure the pinned set never skips these.
+on_one_set = pytest.mark.skipif(
+    not ON_PINNED_SET,
+    reason=(
+        "multi-process equivalence or engine run: runs once, on the pinned "
+        f"set only (requirements.txt, TensorFlow {PINNED_TENSORFLOW}; "
+        f".ci/run runs it there); skipped on TensorFlow {tf.__version__} "
+        "(e.g. the newest set, requirements-latest.txt): `./setup.sh test` "
+        "with the default requirements.txt runs it"
+    ),
+)
+
+# Enters a loopback-only network namespace, then runs bash SCRIPT.
+IN_PRIVATE_NETWORK = (
+    "import os, sys; from tf_resnet.launch import private_network; "
+    "private_network.enter_private_network(); "
+    "os.execvp('bash', ['bash', *sys.argv[1:]])"
 )
 
 
@@ -57,27 +100,6 @@ def load_data_script(name):
     return module
 
 
-def write_cifar_records(path, dataset, count, seed=0, coarse_offset=3):
-    """Writes `count` random records; returns (images [N,32,32,3], labels).
-
-    CIFAR-100 records get a coarse label that differs from the fine one, so a
-    reader that takes the wrong byte fails the tests.
-    """
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
-    num_classes = DATASETS[dataset].num_classes
-    labels = rng.integers(0, num_classes, size=count, dtype=np.uint8)
-    planes = images.transpose(0, 3, 1, 2).reshape(count, -1)
-    if dataset == "cifar10":
-        header = labels[:, None]
-    else:
-        coarse = ((labels.astype(int) + coarse_offset) % 20).astype(np.uint8)
-        header = np.stack([coarse, labels], axis=1)
-    with open(path, "wb") as stream:
-        stream.write(np.concatenate([header, planes], axis=1).tobytes())
-    return images, labels
-
-
 def all_batches(dataset):
     """Every `(images, labels)` batch of `dataset`, joined into two arrays."""
     batches = list(dataset)
@@ -97,6 +119,49 @@ def run_main(args, timeout=300, env=None):
         env=full_env,
         cwd=ROOT,
     )
+
+
+def train_args(synthetic, log_root, *extra):
+    """Flags of a short deterministic run on the synthetic data.
+
+    12 steps of batch 16, a checkpoint every 2 steps, an evaluation every
+    6 (of 2 batches), a progress line every step.
+    """
+    return [
+        f"--train_data_path={synthetic['train']}",
+        f"--eval_data_path={synthetic['eval']}",
+        f"--log_root={log_root}",
+        "--batch_size=16",
+        "--train_steps=12",
+        "--checkpoint_every_steps=2",
+        "--eval_every_steps=6",
+        "--eval_batch_count=2",
+        "--log_every_steps=1",
+        "--deterministic",
+        *extra,
+    ]
+
+
+def start_main(args):
+    """Starts resnet_main.py; its progress lines on the Popen's stderr."""
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "resnet_main.py"), *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+def wait_for_step(proc, step):
+    """Reads the progress lines until `step` is logged; returns the lines."""
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if re.search(rf"\] step {step}/", line):
+            return lines
+    raise AssertionError("run ended early:\n" + "".join(lines[-30:]))
 
 
 def run_python(code, *args, timeout=300):
@@ -144,3 +209,43 @@ def resnet8_flags(synthetic_cifar, log_root, *extra):
         "--batch_size=32",
         *extra,
     ]
+
+
+def scalars(directory, tag):
+    """`(step, value)` of each `tag` summary in `directory`'s event files."""
+    accumulator = event_accumulator.EventAccumulator(
+        directory, size_guidance={event_accumulator.TENSORS: 0}
+    )
+    accumulator.Reload()
+    return [
+        (event.step, float(tf.make_ndarray(event.tensor_proto)))
+        for event in accumulator.Tensors(tag)
+    ]
+
+
+def checkpoint_weights(log_root):
+    """Every variable of the latest checkpoint: weights, BN stats, slots."""
+    reader = tf.train.load_checkpoint(str(log_root))
+    return {
+        name: reader.get_tensor(name)
+        for name, _ in tf.train.list_variables(str(log_root))
+        if name.startswith(("model/", "optimizer/"))
+    }
+
+
+def eval_rows(log_root):
+    """`(step, precision)` rows of a run's eval.csv."""
+    with open(os.path.join(log_root, "eval.csv"), newline="") as stream:
+        return [(r["step"], r["precision"]) for r in csv.DictReader(stream)]
+
+
+def listening_ports(pid="self"):
+    """TCP ports in LISTEN state in the network namespace of `pid`."""
+    ports = set()
+    for name in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{name}") as stream:
+            for row in stream.readlines()[1:]:
+                fields = row.split()
+                if fields[3] == "0A":  # TCP_LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -31,6 +31,7 @@ system and clock), real network latency, GPUs.
 """
 
 import contextlib
+import glob
 import os
 import pwd
 import re
@@ -51,6 +52,24 @@ FINAL_STATES = (
 )  # fmt: skip
 ETC_FILES = ("hosts", "hostname", "ssh")  # Each node's own, over /etc.
 PMIX_TMP = "pmix"  # Each node's own, under the cluster's folder.
+
+# The jobs the cluster tests submit: small (a few steps of a small model)
+# through the scripts' EXTRA_FLAGS, waited for at most JOB_TIMEOUT seconds.
+SMALL = (
+    "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1 "
+    "--eval_batch_count=1"
+)
+JOB_TIMEOUT = 600
+
+# Long enough that the requeue lands mid-run. A checkpoint every 7 steps:
+# synchronous processes agree on a stop every 10 steps
+# (PEERS_STOP_CHECK_EVERY_STEPS), so the requeued job resumes from the
+# stop's own checkpoint, not from a periodic one.
+REQUEUE_FLAGS = (
+    "--model=resnet20 --batch_size=8 --train_steps=60 --log_every_steps=1 "
+    "--checkpoint_every_steps=7 --eval_every_steps=1000 --eval_batch_count=1 "
+    "--dtype=float32"
+)
 
 
 def missing_programs():
@@ -446,3 +465,14 @@ def _wait_for(ready, timeout, what):
         if time.monotonic() > deadline:
             raise TimeoutError(f"gave up waiting for {what}")
         time.sleep(0.5)
+
+
+def output_of(home):
+    """The job's output files (Slurm writes them in the submit dir)."""
+    text = ""
+    for path in sorted(glob.glob(os.path.join(home, "*.out"))) + sorted(
+        glob.glob(os.path.join(home, "*.err"))
+    ):
+        with open(path, errors="replace") as stream:
+            text += stream.read()
+    return text

@@ -3,7 +3,9 @@
 Each equivalence test runs on both engines: two Horovod ranks
 (`tf_resnet.launch.horovod`) and two workers of a TF_CONFIG cluster
 (`tf_resnet.launch.multi_worker`, TensorFlow's collectives), each launcher
-in a loopback-only network namespace.
+in a loopback-only network namespace. Both run on the pinned set only
+(`on_one_set`; Horovod is there alone); on the newest set, averaging on
+multi_worker workers is the Ray cluster test's (`tests/test_ray.py`).
 
 Each rank's step uses the learning rate of its own batch (8 of the global
 16), so an averaging run at `--learning_rate=0.8` takes the same steps as a
@@ -15,9 +17,9 @@ import json
 import numpy as np
 import pytest
 
-from tests import horovod_runs
-from tests.helpers import HAS_HOROVOD, requires_horovod
-from tests.horovod_runs import Spec
+from tests import engine_runs
+from tests.engine_runs import Spec
+from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
 from tf_resnet import engines
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
@@ -27,7 +29,7 @@ ENGINES = pytest.mark.parametrize(
     "launcher",
     [
         pytest.param("horovod", marks=requires_horovod),
-        pytest.param("multi_worker", marks=pytest.mark.slow),
+        pytest.param("multi_worker", marks=[pytest.mark.slow, on_one_set]),
     ],
 )
 # The synchronous reference: Horovod's own mode on its ranks; for the
@@ -43,7 +45,7 @@ def test_averaging_every_step_equals_synchronous_sgd(launcher):
     """N=1 with momentum 0.9 and weight decay: the mean of the ranks' updates
     is the update of the mean gradient (all of it is linear), and with the
     slots averaged too each rank also holds synchronous SGD's momentum."""
-    sync, averaged = horovod_runs.equivalence_runs(
+    sync, averaged = engine_runs.equivalence_runs(
         SYNCHRONOUS[launcher],
         Spec(
             "averaging",
@@ -55,7 +57,7 @@ def test_averaging_every_step_equals_synchronous_sgd(launcher):
     )
     assert "over 2 replica(s) (averaging)" in averaged.output
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             averaged.weights(rank), sync.weights(), sync.weights(name="first")
         )
         slots = averaged.weights(rank, name="optimizer")
@@ -75,19 +77,19 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
     """N = all 6 steps: each rank trains alone on its shard, then the two
     models are averaged; compare with two single-process runs, one per shard
     file, at the per-rank batch of 8 (all read in file order)."""
-    averaged, *alone = horovod_runs.run_workers(
+    averaged, *alone = engine_runs.run_workers(
         (
             [
-                *horovod_runs.equivalence_flags(0.4, shuffle=False),
+                *engine_runs.equivalence_flags(0.4, shuffle=False),
                 "--distribution=averaging",
-                f"--average_every={horovod_runs.STEPS}",
+                f"--average_every={engine_runs.STEPS}",
             ],
             2,
             launcher,
         ),
         *[
             (
-                horovod_runs.equivalence_flags(
+                engine_runs.equivalence_flags(
                     0.4, batch_size=8, train=f"shard{shard}", shuffle=False
                 ),
                 None,
@@ -108,7 +110,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
     mean, apart = mean_and_spread("weights")
     assert apart > 1e-2  # Before the average the ranks really differed.
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             averaged.weights(rank), mean, alone[0].weights(name="first")
         )
     # The optimizer: step counter 6 everywhere, momentum slots averaged.
@@ -116,7 +118,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
     assert apart > 1e-4
     for rank in (0, 1):
         ours = averaged.weights(rank, name="optimizer")
-        assert ours[0] == slots[0] == horovod_runs.STEPS
+        assert ours[0] == slots[0] == engine_runs.STEPS
         for value, expected in zip(ours, slots, strict=True):
             np.testing.assert_allclose(value, expected, rtol=1e-4, atol=1e-7)
 

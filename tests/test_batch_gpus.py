@@ -25,8 +25,7 @@ import textwrap
 import pytest
 from absl import flags
 
-from tests.helpers import ROOT
-from tests.test_batch_scripts import IN_PRIVATE_NETWORK
+from tests.helpers import IN_PRIVATE_NETWORK, ROOT
 from tf_resnet import detect, devices, engines
 from tf_resnet import flags as resnet_flags
 

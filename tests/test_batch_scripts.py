@@ -37,10 +37,14 @@ import sys
 import textwrap
 import time
 
-import numpy as np
 import pytest
 
-from tests.helpers import ROOT, requires_horovod, write_cifar_records
+from tests.data_files import (
+    cifar100_files,
+    resnet18_weights_file,
+    tiny_imagenet_root,
+)
+from tests.helpers import IN_PRIVATE_NETWORK, ROOT, requires_horovod
 from tf_resnet.recipes import PRESETS
 
 FAKES = {
@@ -89,12 +93,6 @@ FAKES = {
     """,
 }
 
-# Enters a loopback-only network namespace, then runs bash SCRIPT.
-IN_PRIVATE_NETWORK = (
-    "import os, sys; from tf_resnet.launch import private_network; "
-    "private_network.enter_private_network(); "
-    "os.execvp('bash', ['bash', *sys.argv[1:]])"
-)
 SMALL = "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1"
 
 
@@ -183,35 +181,6 @@ def assert_trained(log_root, text, steps=2):
     with open(log_root / "eval.csv") as stream:
         rows = list(csv.DictReader(stream))
     assert int(rows[-1]["step"]) == steps, rows
-
-
-def cifar100_files(folder):
-    """CIFAR-100 binary files in `folder`, as the cifar100 presets read."""
-    write_cifar_records(folder / "train.bin", "cifar100", 64, seed=0)
-    write_cifar_records(folder / "test.bin", "cifar100", 16, seed=1)
-    return {
-        "TRAIN_DATA": str(folder / "train.bin"),
-        "EVAL_DATA": str(folder / "test.bin"),
-    }
-
-
-def tiny_imagenet_root(folder):
-    """A DATA_ROOT in `folder` with a small tiny-imagenet-200/."""
-    from tests.test_tinyimagenet import write_tiny_imagenet
-
-    write_tiny_imagenet(str(folder / "tiny-imagenet-200"))
-    return str(folder)
-
-
-def resnet18_weights_file(folder):
-    """A torchvision-style ResNet-18 state dict (random), for PRETRAINED."""
-    from tests.test_pretrained import state_dict_of
-    from tf_resnet.models import build_model
-
-    path = folder / "resnet18.npz"
-    model = build_model("resnet18", 100, (32, 32, 3), stem="cifar")
-    np.savez(path, **state_dict_of(model))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

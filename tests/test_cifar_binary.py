@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import write_cifar_records
+from tests.data_files import write_cifar_records
 from tf_resnet.data import DATASETS, InputOptions, open_split
 from tf_resnet.errors import DataError, UserInputError
 

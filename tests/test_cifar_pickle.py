@@ -3,64 +3,15 @@
 import os
 import pickle
 import shlex
-import struct
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import all_batches, write_cifar_records
+from tests.data_files import write_cifar_records, write_py2_pickle
+from tests.helpers import all_batches
 from tf_resnet import data
 from tf_resnet.errors import DataError, UserInputError
-
-
-def _py2_str(raw):
-    """A Python 2 `str`, as cPickle wrote it (SHORT_BINSTRING/BINSTRING)."""
-    if len(raw) < 256:
-        return b"U" + bytes([len(raw)]) + raw
-    return b"T" + struct.pack("<i", len(raw)) + raw
-
-
-def _py2_int(value):
-    return (
-        b"K" + bytes([value])
-        if value < 256
-        else b"J" + struct.pack("<i", value)
-    )
-
-
-def _py2_uint8_array(array):
-    """A uint8 ndarray exactly as numpy 1 on Python 2 pickled it."""
-    shape = b"(" + b"".join(_py2_int(n) for n in array.shape) + b"t"
-    dtype = (
-        b"cnumpy\ndtype\n" + _py2_str(b"u1") + b"K\x00K\x01\x87R"
-        b"(K\x03"
-        + _py2_str(b"|")
-        + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb"
-    )
-    return (
-        b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n"
-        b"K\x00\x85" + _py2_str(b"b") + b"\x87R"
-        b"(K\x01" + shape + dtype + b"\x89" + _py2_str(array.tobytes()) + b"tb"
-    )
-
-
-def _py2_value(value):
-    if isinstance(value, np.ndarray):
-        return _py2_uint8_array(value)
-    if isinstance(value, bytes):
-        return _py2_str(value)
-    if isinstance(value, int):
-        return _py2_int(value)
-    items = b"".join(_py2_value(item) for item in value)
-    return b"](" + items + b"e"
-
-
-def write_py2_pickle(path, batch):
-    """Writes `{bytes: array | list | bytes}` as a protocol-2 Python 2 file."""
-    items = b"".join(_py2_str(k) + _py2_value(v) for k, v in batch.items())
-    with open(path, "wb") as stream:
-        stream.write(b"\x80\x02}(" + items + b"u.")
 
 
 def write_cifar_pickle(path, dataset, count, seed=0, label_shift=0):

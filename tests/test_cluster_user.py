@@ -34,15 +34,17 @@ import time
 
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
+from tests.data_files import batch_job_data
+from tests.engine_runs import Spec, dumped_weights
 from tests.helpers import ROOT, requires_horovod
-from tests.horovod_runs import Spec, dumped_weights
-from tests.slurm_cluster import SlurmCluster, as_user, missing_programs
-from tests.test_slurm_cluster import (
+from tests.slurm_cluster import (
     JOB_TIMEOUT,
     REQUEUE_FLAGS,
     SMALL,
-    make_data,
+    SlurmCluster,
+    as_user,
+    missing_programs,
     output_of,
 )
 
@@ -245,14 +247,14 @@ def test_a_second_setup_builds_horovod_with_mpi_as_the_user(student):
 
 def horovodrun_reference():
     """Horovod's two ranks started by horovodrun (root, loopback)."""
-    (run,) = horovod_runs.equivalence_runs(Spec("horovod", ranks=2))
+    (run,) = engine_runs.equivalence_runs(Spec("horovod", ranks=2))
     return run
 
 
 def readable_equivalence_flags():
     """The equivalence flags, their data made readable to the user."""
-    flags = horovod_runs.equivalence_flags(0.4)
-    for path in horovod_runs.equivalence_data().values():
+    flags = engine_runs.equivalence_flags(0.4)
+    for path in engine_runs.equivalence_data().values():
         for folder in (
             os.path.dirname(path),
             os.path.dirname(os.path.dirname(path)),
@@ -271,7 +273,7 @@ def user_dump_dir(student, name):
 def assert_equal_to_horovodrun(dump_dir, output):
     reference = horovodrun_reference()
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             dumped_weights(dump_dir, rank),
             reference.weights(),
             reference.weights(name="first"),
@@ -334,7 +336,7 @@ def test_srun_mpi_ranks_across_nodes_equal_horovodrun(cluster, student):
 def data(world):
     folder = os.path.join(world, "data")
     os.makedirs(folder)
-    files = make_data(pathlib.Path(folder))
+    files = batch_job_data(pathlib.Path(folder))
     for parent, dirs, _ in os.walk(folder):
         for name in dirs:
             os.chmod(os.path.join(parent, name), 0o755)

@@ -2,7 +2,7 @@
 
 The training tests launch `horovodrun -np 2 -H localhost:2 --gloo` through
 `tf_resnet.launch.horovod`, in a loopback-only network namespace (see
-horovod_runs.py); none is skipped, as the CI machine has Horovod.
+engine_runs.py); none is skipped, as the CI machine has Horovod.
 """
 
 import os
@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
+from tests.engine_runs import Spec
 from tests.helpers import load_data_script, requires_horovod, run_main
-from tests.horovod_runs import Spec
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
 from tf_resnet.settings import DistributionConfig
@@ -63,7 +63,7 @@ def test_two_ranks_train_to_identical_models(shapes_files):
         "--checkpoint_every_steps=15",
         "--ema_decay=0.9",
     ]
-    (run,) = horovod_runs.run_workers((flags, 2))
+    (run,) = engine_runs.run_workers((flags, 2))
     rank0, rank1 = run.weights(0), run.weights(1)
     assert len(rank0) == len(rank1) > 30
     for ours, theirs in zip(rank0, rank1, strict=True):
@@ -103,7 +103,7 @@ def test_horovod_equals_one_process_and_mirrored():
     The model has no BatchNorm, whose batch statistics would legitimately
     differ between one batch of 16 and two of 8.
     """
-    single, mirrored, hvd = horovod_runs.equivalence_runs(
+    single, mirrored, hvd = engine_runs.equivalence_runs(
         Spec("default"),
         Spec("mirrored", extra=("--cpu_replicas=2",)),
         Spec("horovod", ranks=2),
@@ -112,7 +112,7 @@ def test_horovod_equals_one_process_and_mirrored():
     assert "over 2 replica(s) (horovod)" in hvd.output
     first = single.weights(name="first")
     for run in (mirrored, hvd):
-        horovod_runs.assert_same_weights(run.weights(), single.weights(), first)
+        engine_runs.assert_same_weights(run.weights(), single.weights(), first)
     for ours, theirs in zip(hvd.weights(0), hvd.weights(1), strict=True):
         np.testing.assert_array_equal(ours, theirs)
 
@@ -154,12 +154,12 @@ def _wait_for_pids(started, timeout=180):
 )
 def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
     flags = [
-        *horovod_runs.equivalence_flags(0.1),
+        *engine_runs.equivalence_flags(0.1),
         "--distribution=horovod",
         "--train_steps=1000000",
         "--log_every_steps=100000",
     ]
-    started = horovod_runs.start_worker(
+    started = engine_runs.start_worker(
         flags, ranks=2, HOROVOD_GLOO_TIMEOUT_SECONDS=str(gloo_timeout)
     )
     pids = []
@@ -205,10 +205,10 @@ def test_sync_bn_is_refused_under_horovod():
 
 def test_eval_job_on_two_ranks_equals_one_process_and_only_rank_0_writes():
     """The eval job's counts, confusion matrix included, sum over ranks."""
-    (trained,) = horovod_runs.equivalence_runs(Spec("default"))
+    (trained,) = engine_runs.equivalence_runs(Spec("default"))
     log_root = os.path.join(trained.dump_dir, "log")
-    one = pathlib.Path(horovod_runs.new_dir("eval_one"))
-    two = pathlib.Path(horovod_runs.new_dir("eval_two"))
+    one = pathlib.Path(engine_runs.new_dir("eval_one"))
+    two = pathlib.Path(engine_runs.new_dir("eval_two"))
 
     def eval_job(eval_dir, distribution):
         return [
@@ -216,12 +216,12 @@ def test_eval_job_on_two_ranks_equals_one_process_and_only_rank_0_writes():
             "--eval_once",
             f"--log_root={log_root}",  # Wins over the worker's own.
             f"--eval_dir={eval_dir}",
-            f"--eval_data_path={horovod_runs.equivalence_data()['test']}",
+            f"--eval_data_path={engine_runs.equivalence_data()['test']}",
             f"--distribution={distribution}",
             "--dtype=float32",
         ]
 
-    one_run, two_run = horovod_runs.run_workers(
+    one_run, two_run = engine_runs.run_workers(
         (eval_job(one, "default"), None), (eval_job(two, "horovod"), 2)
     )
     # 32 test records, 16 per rank: both ranks log the summed count.

@@ -2,7 +2,7 @@
 
 `horovodrun` 0.28.1 serves its rendezvous on `0.0.0.0` for the whole run.
 Here the ranks are a tiny script without TensorFlow that reports what it
-sees; the training tests (horovod_runs.py) run through the same launcher.
+sees; the training tests (engine_runs.py) run through the same launcher.
 """
 
 import json
@@ -15,8 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, requires_horovod
-from tests.test_parameter_server import listening_ports
+from tests.helpers import ROOT, listening_ports, requires_horovod
 from tf_resnet.launch import horovod
 
 # Reports its interfaces, pid and rendezvous port, then waits for the test

@@ -5,6 +5,11 @@ The training tests start the workers through `tf_resnet.launch.multi_worker`
 `tests/hvd_worker.py`, which is `resnet_main.py` plus small models and
 dumps of each worker's weights. The test of a lost peer starts the two
 workers itself, in a namespace of its own, to watch the survivor alone.
+
+The equivalence and the resume run once, on the pinned set (`on_one_set`;
+on the newest set the Ray cluster test runs multi_worker workers against
+one process and through a restart); how a lost peer ends the other, which
+is TensorFlow's collectives' doing, is tested on both sets.
 """
 
 import json
@@ -20,15 +25,15 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
-from tests.helpers import ROOT, resnet8_flags
-from tests.horovod_runs import dumped_weights
+from tests import engine_runs
+from tests.engine_runs import Spec, dumped_weights
+from tests.helpers import ROOT, on_one_set, resnet8_flags
 from tf_resnet import engines, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
 
-WORKER = horovod_runs.WORKER
+WORKER = engine_runs.WORKER
 
 
 def launch(dump_dir, flags, workers=2):
@@ -40,7 +45,7 @@ def launch(dump_dir, flags, workers=2):
         f"--dump_dir={dump_dir}", *flags,
     ]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=ROOT, env=horovod_runs.worker_env(), text=True,
+        command, cwd=ROOT, env=engine_runs.worker_env(), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
@@ -50,41 +55,29 @@ def finish(process, timeout=240):
     return process.returncode, output
 
 
-def test_two_workers_train_exactly_like_one_process(tmp_path):
-    # horovod_runs' equivalence setup: the workers read strides of the one
+@on_one_set
+def test_two_workers_train_exactly_like_one_process():
+    # engine_runs' equivalence setup: the workers read strides of the one
     # process's permutation, and no crop or flip changes the model, so both
-    # runs see the same examples each step.
-    flags = horovod_runs.equivalence_flags(0.4)
-    cluster = launch(
-        tmp_path / "mw", [*flags, f"--log_root={tmp_path / 'mw' / 'log'}"]
+    # runs see the same examples each step. The one process is the run the
+    # Horovod and averaging tests compare with too, trained once per pytest
+    # worker (engine_runs caches it).
+    single, cluster = engine_runs.equivalence_runs(
+        Spec("default"), Spec("multi_worker", 2, launcher="multi_worker")
     )
-    single = subprocess.run(
-        [
-            sys.executable, WORKER, f"--dump_dir={tmp_path}",
-            *flags, "--distribution=default",
-            f"--log_root={tmp_path / 'default'}",
-        ],
-        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
-        text=True, timeout=240,
-    )  # fmt: skip
-    code, output = finish(cluster)
-    assert code == 0, output[-3000:]
-    assert single.returncode == 0, single.stderr[-3000:]
-    expected = dumped_weights(tmp_path, 0)
-    worker0, worker1 = (
-        dumped_weights(tmp_path / "mw", 0),
-        dumped_weights(tmp_path / "mw", 1),
-    )
+    expected = single.weights()
+    worker0, worker1 = cluster.weights(0), cluster.weights(1)
     for ours, theirs in zip(worker0, worker1, strict=True):
         np.testing.assert_array_equal(ours, theirs)
     # Float32 sums in another order: equal to 1e-4 of what training moved.
-    horovod_runs.assert_same_weights(
-        worker0, expected, dumped_weights(tmp_path, 0, "first")
+    engine_runs.assert_same_weights(
+        worker0, expected, single.weights(name="first")
     )
-    assert "global batch 16 over 2 replica(s) (multi_worker)" in output
+    assert "global batch 16 over 2 replica(s) (multi_worker)" in cluster.output
 
 
 @pytest.mark.slow
+@on_one_set
 def test_bn_statistics_agree_and_a_second_run_resumes(
     synthetic_cifar, tmp_path
 ):
@@ -180,7 +173,7 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
             sys.executable, "-c", textwrap.dedent(SURVIVOR), ROOT,
             signal_name, str(tmp_path), *flags,
         ],
-        cwd=ROOT, env=horovod_runs.worker_env(), capture_output=True,
+        cwd=ROOT, env=engine_runs.worker_env(), capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

@@ -2,7 +2,9 @@
 
 The cluster tests start real processes through `tf_resnet.launch.ps` (one
 ps, one or two workers, the coordinator), as in-process TensorFlow clusters
-hang.
+hang. The equivalence with the default mode runs once, on the pinned set
+(`on_one_set`); the asynchrony, stop and recovery tests, which TensorFlow's
+coordinator decides, run on both sets.
 """
 
 import json
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, run_main
+from tests.helpers import ROOT, listening_ports, on_one_set, run_main
 from tf_resnet.distribute import parameter_server
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import ps
@@ -95,18 +97,6 @@ class Launch:
 
     def ports(self):
         return [int(p) for p in re.findall(r"at 127\.0\.0\.1:(\d+)", self.text)]
-
-
-def listening_ports(pid="self"):
-    """TCP ports in LISTEN state in the network namespace of `pid`."""
-    ports = set()
-    for name in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{name}") as stream:
-            for row in stream.readlines()[1:]:
-                fields = row.split()
-                if fields[3] == "0A":  # TCP_LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def assert_all_gone(pids):
@@ -194,6 +184,7 @@ def test_sigterm_checkpoints_stops_all_tasks_and_the_rerun_resumes(
 
 
 @pytest.mark.slow
+@on_one_set
 def test_one_worker_trains_exactly_like_the_default_mode(
     synthetic_cifar, tmp_path
 ):

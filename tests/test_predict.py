@@ -16,8 +16,9 @@ import pytest
 from PIL import Image
 
 from tests import exported
+from tests.data_files import write_cifar_records
 from tests.exported import TrainingModel
-from tests.helpers import ROOT, load_data_script, write_cifar_records
+from tests.helpers import ROOT, load_data_script
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ The multi_worker runs start their two workers themselves (in a
 loopback-only network namespace, as `tf_resnet.launch.multi_worker` does)
 to see each worker's exit code and log apart. The runs of one test start
 side by side: the CI machine has 2 cores, and start-up is most of a run.
+They run once, on the pinned set (`on_one_set`), as the Horovod ones do.
 """
 
 import json
@@ -25,10 +26,10 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
-from tests.helpers import ROOT, requires_horovod, resnet8_flags
+from tests import engine_runs
+from tests.helpers import ROOT, on_one_set, requires_horovod, resnet8_flags
 
-WORKER = horovod_runs.WORKER
+WORKER = engine_runs.WORKER
 STEPS = 60
 FIRST_CHECKPOINT = 4
 STOPPED = r"stopped: (SIGTERM|stop requested by another process) at step (\d+)"
@@ -74,7 +75,7 @@ def private_tmp(folder):
     """
     tmp = pathlib.Path(folder) / "tmp"
     tmp.mkdir(exist_ok=True)
-    return horovod_runs.worker_env(TMPDIR=str(tmp))
+    return engine_runs.worker_env(TMPDIR=str(tmp))
 
 
 def train_flags(synthetic_cifar, log_root, dump_dir):
@@ -133,7 +134,7 @@ class Cluster:
         return codes, logs
 
     def weights(self, rank):
-        return horovod_runs.dumped_weights(self.dump_dir, rank)
+        return engine_runs.dumped_weights(self.dump_dir, rank)
 
 
 def stop_of(log):
@@ -215,6 +216,7 @@ def multi_worker_runs(synthetic_cifar, tmp_path_factory):
 
 
 @pytest.mark.slow
+@on_one_set
 @pytest.mark.parametrize("signalled", ["one", "both"])
 def test_multi_worker_stops_at_one_step_and_resumes(
     multi_worker_runs, signalled
@@ -305,10 +307,11 @@ class Killed:
         return self._finish(timeout=900)
 
     def weights(self, rank):
-        return horovod_runs.dumped_weights(self.dump_dir, rank)
+        return engine_runs.dumped_weights(self.dump_dir, rank)
 
 
 @pytest.mark.slow
+@on_one_set
 def test_the_launcher_names_a_killed_worker_and_a_rerun_resumes(
     multi_worker_runs,
 ):
@@ -383,7 +386,7 @@ def test_horovod_ranks_stop_at_one_step_and_resume(synthetic_cifar, tmp_path):
     first is rerun (as for multi_worker, one rerun covers the resume)."""
     log_roots = {name: tmp_path / name for name in ("reference", "one", "both")}
     started = {
-        name: horovod_runs.start_worker(
+        name: engine_runs.start_worker(
             horovod_flags(synthetic_cifar, log_root), ranks=2, **SLOW_START
         )
         for name, log_root in log_roots.items()
@@ -417,7 +420,7 @@ def test_horovod_ranks_stop_at_one_step_and_resume(synthetic_cifar, tmp_path):
             step,
         )
         steps[name] = step
-    rerun = horovod_runs.start_worker(
+    rerun = engine_runs.start_worker(
         horovod_flags(synthetic_cifar, log_roots["one"]), ranks=2, **SLOW_START
     ).result(timeout=900)
     rerun.check()

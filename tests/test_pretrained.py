@@ -7,7 +7,8 @@ import pytest
 import safetensors.numpy
 import tensorflow as tf
 
-from tests.helpers import flag_values, run_main, write_cifar_records
+from tests.data_files import state_dict_of, write_cifar_records
+from tests.helpers import flag_values, run_main
 from tf_resnet import config as config_lib
 from tf_resnet import param_groups, settings, train_loop
 from tf_resnet.distribute import base, tf_strategy
@@ -20,22 +21,6 @@ try:
     from torch import nn
 except ImportError:
     torch = None
-
-
-def to_torch_layout(value):
-    if value.ndim == 4:
-        return value.transpose(3, 2, 0, 1)  # HWIO -> OIHW
-    if value.ndim == 2:
-        return value.T
-    return value
-
-
-def state_dict_of(model):
-    """A torchvision-style state dict exported from a Keras model."""
-    return {
-        pretrained.torch_name(v.path): to_torch_layout(v.numpy())
-        for v in model.weights
-    }
 
 
 def randomize_batch_norm(model, seed=0):

@@ -31,9 +31,9 @@ import time
 
 import pytest
 
-from tests import horovod_runs
+from tests import engine_runs
+from tests.engine_runs import Spec, dumped_weights
 from tests.helpers import ROOT, resnet8_flags
-from tests.horovod_runs import Spec, dumped_weights
 from tf_resnet.launch import ray as launcher
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
@@ -41,7 +41,7 @@ requires_ray = pytest.mark.skipif(
     not HAS_RAY,
     reason="Ray is not installed (requirements-latest.txt has it)",
 )
-WORKER = horovod_runs.WORKER
+WORKER = engine_runs.WORKER
 HEAD, NODE = "10.77.0.1", "10.77.0.2"
 PORT = 6379
 # The first process of each node's PID namespace: it reaps the processes
@@ -202,9 +202,7 @@ def cluster():
 def equivalence(cluster, tmp_path_factory):
     """Side by side: Ray multi_worker, Ray averaging, and one process."""
     root = tmp_path_factory.mktemp("ray_equivalence")
-    single = horovod_runs.start_worker(
-        Spec("default", learning_rate=0.4).args()
-    )
+    single = engine_runs.start_worker(Spec("default", learning_rate=0.4).args())
     runs = {
         name: cluster.launch(
             [*spec.args(), f"--log_root={root / name / 'log'}"], root / name
@@ -245,7 +243,7 @@ def check_multi_worker_equals_one_process(root, results, single):
     worker1 = dumped_weights(root / "multi_worker", 1)
     for ours, theirs in zip(worker0, worker1, strict=True):
         assert (ours == theirs).all()
-    horovod_runs.assert_same_weights(
+    engine_runs.assert_same_weights(
         worker0, single.weights(), single.weights(name="first")
     )
 
@@ -255,7 +253,7 @@ def check_averaging_every_step_equals_synchronous_sgd(root, results, single):
     assert code == 0, output[-5000:]
     assert "over 2 replica(s) (averaging)" in output
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             dumped_weights(root / "averaging", rank),
             single.weights(),
             single.weights(name="first"),

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import flag_values, run_main
-from tests.test_reliability import train_args
+from tests.helpers import flag_values, run_main, train_args
 from tf_resnet import config as config_lib
 from tf_resnet import recipes, settings
 

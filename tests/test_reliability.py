@@ -7,51 +7,21 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from tests import horovod_runs
-from tests.helpers import ROOT, requires_horovod, run_main
-from tests.test_training import checkpoint_weights, eval_rows, scalars
-
-
-def train_args(synthetic, log_root, *extra):
-    return [
-        f"--train_data_path={synthetic['train']}",
-        f"--eval_data_path={synthetic['eval']}",
-        f"--log_root={log_root}",
-        "--batch_size=16",
-        "--train_steps=12",
-        "--checkpoint_every_steps=2",
-        "--eval_every_steps=6",
-        "--eval_batch_count=2",
-        "--log_every_steps=1",
-        "--deterministic",
-        *extra,
-    ]
-
-
-def start_main(args):
-    return subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "resnet_main.py"), *args],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-
-
-def wait_for_step(proc, step):
-    """Reads the progress lines until `step` is logged; returns the lines."""
-    lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if re.search(rf"\] step {step}/", line):
-            return lines
-    raise AssertionError("run ended early:\n" + "".join(lines[-30:]))
+from tests import engine_runs
+from tests.helpers import (
+    checkpoint_weights,
+    eval_rows,
+    requires_horovod,
+    run_main,
+    scalars,
+    start_main,
+    train_args,
+    wait_for_step,
+)
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +174,10 @@ def test_horovod_ranks_resume_together_like_an_uninterrupted_run(
         "--deterministic",
     ]
     pieces = [*flags, f"--log_root={tmp_path / 'pieces'}", "--steps_per_run=12"]
-    straight, _ = horovod_runs.run_workers(
+    straight, _ = engine_runs.run_workers(
         ([*flags, f"--log_root={tmp_path / 'straight'}"], 2), (pieces, 2)
     )
-    (second,) = horovod_runs.run_workers((pieces, 2))
+    (second,) = engine_runs.run_workers((pieces, 2))
     for rank in (0, 1):
         assert re.search(
             rf"\[{rank}\]<stderr>:.*resumed from \S+ckpt-12 at step 12",

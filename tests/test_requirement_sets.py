@@ -1,8 +1,9 @@
 """The two requirement sets: pinned with Horovod, newest without.
 
 CI runs the suite on both (docs/usage.md, "Versions"). The Horovod tests
-skip only where Horovod cannot be installed; these checks keep that skip
-honest.
+skip only where Horovod cannot be installed, and the multi-process
+equivalences marked `on_one_set` only where TensorFlow is not the pinned
+set's (.ci/run); these checks keep those skips honest.
 """
 
 import os
@@ -11,7 +12,7 @@ import re
 import pytest
 import tensorflow as tf
 
-from tests.helpers import HAS_HOROVOD, ROOT
+from tests.helpers import HAS_HOROVOD, PINNED_TENSORFLOW, ROOT, on_one_set
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
 from tf_resnet.settings import DistributionConfig
@@ -36,6 +37,15 @@ def test_latest_set_has_no_horovod_and_newer_tensorflow():
     assert "horovod" not in latest
     version = [int(part) for part in latest["tensorflow-cpu"].split(".")]
     assert version > [int(p) for p in pinned["tensorflow-cpu"].split(".")]
+
+
+def test_one_set_tests_run_on_the_pinned_set_and_skip_on_the_newest():
+    pinned, latest = _pins("requirements.txt"), _pins("requirements-latest.txt")
+    assert pinned["tensorflow-cpu"] == PINNED_TENSORFLOW
+    assert latest["tensorflow-cpu"] != PINNED_TENSORFLOW  # So: once in CI.
+    skipped = on_one_set.args[0]
+    assert skipped == (tf.__version__ != PINNED_TENSORFLOW)
+    assert "requirements-latest.txt" in on_one_set.kwargs["reason"]
 
 
 @pytest.mark.skipif(HAS_HOROVOD, reason="Horovod is installed here")

@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import run_main
-from tests.test_reliability import start_main, train_args, wait_for_step
+from tests.helpers import run_main, start_main, train_args, wait_for_step
 
 
 def test_a_second_run_on_the_same_log_root_is_refused(

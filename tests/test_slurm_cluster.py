@@ -31,22 +31,26 @@ import time
 import numpy as np
 import pytest
 
-from tests import horovod_runs
-from tests.helpers import ROOT, requires_horovod, write_cifar_records
-from tests.horovod_runs import dumped_weights
-from tests.slurm_cluster import NODES, SlurmCluster, missing_programs
+from tests import engine_runs
+from tests.data_files import batch_job_data
+from tests.engine_runs import dumped_weights
+from tests.helpers import ROOT, checkpoint_weights, requires_horovod
+from tests.slurm_cluster import (
+    JOB_TIMEOUT,
+    NODES,
+    REQUEUE_FLAGS,
+    SMALL,
+    SlurmCluster,
+    missing_programs,
+    output_of,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-SMALL = (
-    "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1 "
-    "--eval_batch_count=1"
-)
 # Slurm grants the scripts' GPU requests from GPUs it believes in; none is
 # real, and a single-node job asked for --num_gpus=N stops with an error
 # when TensorFlow sees fewer: here the CPU is the device.
 CPU = "--num_gpus=0"
-JOB_TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
@@ -64,29 +68,9 @@ def cluster(tmp_path_factory):
         slurm.stop()
 
 
-def make_data(folder):
-    """Generated CIFAR-10 and -100, Tiny-ImageNet, ResNet-18 weights."""
-    from tests.test_batch_scripts import (
-        cifar100_files,
-        resnet18_weights_file,
-        tiny_imagenet_root,
-    )
-
-    cifar10 = folder / "cifar-10-batches-bin"
-    cifar10.mkdir()
-    write_cifar_records(cifar10 / "data_batch_1.bin", "cifar10", 64, seed=2)
-    write_cifar_records(cifar10 / "test_batch.bin", "cifar10", 16, seed=3)
-    return {
-        "DATA": str(cifar10),
-        **cifar100_files(folder),
-        "DATA_ROOT": tiny_imagenet_root(folder),
-        "PRETRAINED": resnet18_weights_file(folder),
-    }
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    return make_data(tmp_path_factory.mktemp("data"))
+    return batch_job_data(tmp_path_factory.mktemp("data"))
 
 
 # name: (script, environment, sbatch options, processes, nodes used)
@@ -139,17 +123,6 @@ def submit(cluster, name, data, home):
     return cluster.sbatch(path, cwd=home, env=env, args=options)
 
 
-def output_of(home):
-    """The job's output files (Slurm writes them in the submit dir)."""
-    text = ""
-    for path in sorted(glob.glob(os.path.join(home, "*.out"))) + sorted(
-        glob.glob(os.path.join(home, "*.err"))
-    ):
-        with open(path, errors="replace") as stream:
-            text += stream.read()
-    return text
-
-
 @pytest.mark.parametrize("name", JOBS)
 def test_every_slurm_script_completes(cluster, data, tmp_path, name):
     if name in HOROVOD_JOBS and requires_horovod.args[0]:
@@ -179,7 +152,7 @@ def test_every_slurm_script_completes(cluster, data, tmp_path, name):
 
 # Across the nodes ---------------------------------------------------------
 
-Spec = horovod_runs.Spec
+Spec = engine_runs.Spec
 
 
 def srun_workers(cluster, args, timeout=400):
@@ -188,10 +161,10 @@ def srun_workers(cluster, args, timeout=400):
     Returns:
       `(exit code, output, dump dir)`.
     """
-    dump_dir = horovod_runs.new_dir("slurm")
+    dump_dir = engine_runs.new_dir("slurm")
     result = cluster.run(
         ["srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-         sys.executable, horovod_runs.WORKER, f"--dump_dir={dump_dir}",
+         sys.executable, engine_runs.WORKER, f"--dump_dir={dump_dir}",
          f"--log_root={dump_dir}/log", *args],
         check=False, cwd=ROOT, timeout=timeout,
     )  # fmt: skip
@@ -218,14 +191,14 @@ def test_multi_worker_across_nodes_equals_one_process(cluster):
     nodes' bridge addresses, no TF_CONFIG and no --worker_hosts."""
     code, output, dump_dir = srun_workers(
         cluster,
-        [*horovod_runs.equivalence_flags(0.4), "--distribution=multi_worker"],
+        [*engine_runs.equivalence_flags(0.4), "--distribution=multi_worker"],
     )
     assert code == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert "global batch 16 over 2 replica(s) (multi_worker)" in output
     assert_workers_identical(dump_dir)
-    (single,) = horovod_runs.equivalence_runs(Spec("default"))
-    horovod_runs.assert_same_weights(
+    (single,) = engine_runs.equivalence_runs(Spec("default"))
+    engine_runs.assert_same_weights(
         dumped_weights(dump_dir, 0),
         single.weights(),
         single.weights(name="first"),
@@ -235,15 +208,15 @@ def test_multi_worker_across_nodes_equals_one_process(cluster):
 def test_averaging_every_step_across_nodes_equals_synchronous_sgd(cluster):
     code, output, dump_dir = srun_workers(
         cluster,
-        [*horovod_runs.equivalence_flags(0.8), "--distribution=averaging",
+        [*engine_runs.equivalence_flags(0.8), "--distribution=averaging",
          "--average_every=1"],
     )  # fmt: skip
     assert code == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert "over 2 replica(s) (averaging)" in output
-    (sync,) = horovod_runs.equivalence_runs(Spec("default"))
+    (sync,) = engine_runs.equivalence_runs(Spec("default"))
     for rank in (0, 1):
-        horovod_runs.assert_same_weights(
+        engine_runs.assert_same_weights(
             dumped_weights(dump_dir, rank),
             sync.weights(),
             sync.weights(name="first"),
@@ -272,21 +245,21 @@ def test_batch_norm_statistics_agree_across_nodes(cluster, synthetic_cifar):
 def test_horovod_ranks_over_ssh_equal_one_process(cluster):
     """horovodrun on node1 starts the rank on node2 over ssh, as a cluster
     user does in an allocation, and Gloo talks over the bridge (eth0)."""
-    dump_dir = horovod_runs.new_dir("slurm_horovod")
+    dump_dir = engine_runs.new_dir("slurm_horovod")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     result = cluster.run(
         [horovodrun, "-np", "2", "-H", "node1:1,node2:1", "--gloo",
-         "--network-interface", "eth0", sys.executable, horovod_runs.WORKER,
+         "--network-interface", "eth0", sys.executable, engine_runs.WORKER,
          f"--dump_dir={dump_dir}", f"--log_root={dump_dir}/log",
-         *horovod_runs.equivalence_flags(0.4), "--distribution=horovod"],
+         *engine_runs.equivalence_flags(0.4), "--distribution=horovod"],
         host="node1", check=False, cwd=ROOT, timeout=400,
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-5000:]
     assert_on_both_nodes(output)
     assert_workers_identical(dump_dir)
-    (single,) = horovod_runs.equivalence_runs(Spec("default"))
-    horovod_runs.assert_same_weights(
+    (single,) = engine_runs.equivalence_runs(Spec("default"))
+    engine_runs.assert_same_weights(
         dumped_weights(dump_dir, 0),
         single.weights(),
         single.weights(name="first"),
@@ -335,15 +308,6 @@ def test_parameter_server_on_another_node_trains_like_one_process(
 
 # Preemption -----------------------------------------------------------------
 
-# Long enough that the requeue lands mid-run. A checkpoint every 7 steps:
-# synchronous processes agree on a stop every 10 steps
-# (PEERS_STOP_CHECK_EVERY_STEPS), so the requeued job resumes from the
-# stop's own checkpoint, not from a periodic one.
-REQUEUE_FLAGS = (
-    "--model=resnet20 --batch_size=8 --train_steps=60 --log_every_steps=1 "
-    "--checkpoint_every_steps=7 --eval_every_steps=1000 --eval_batch_count=1 "
-    "--dtype=float32"
-)
 REQUEUE_JOBS = {
     "multi_worker": (
         "slurm/course_sync_cifar100.sbatch",
@@ -390,8 +354,6 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
 ):
     if engine == "horovod" and requires_horovod.args[0]:
         pytest.skip("needs Horovod (the pinned requirement set)")
-    from tests.test_training import checkpoint_weights
-
     script, env = REQUEUE_JOBS[engine]
     straight_home, requeued_home = tmp_path / "straight", tmp_path / "requeued"
     straight_home.mkdir()
@@ -492,7 +454,7 @@ def test_a_frozen_worker_on_the_other_node_ends_the_job(cluster, data):
     --collective_timeout_secs (or the coordination service's heartbeat)
     ends node1's wait; it exits 4 (a lost task) naming the checkpoint a
     rerun resumes from, and srun ends the step."""
-    dump_dir = str(horovod_runs.new_dir("slurm_frozen"))
+    dump_dir = str(engine_runs.new_dir("slurm_frozen"))
     command = [
         "srun", "--nodes=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
         sys.executable, "resnet_main.py", "--distribution=multi_worker",

@@ -1,6 +1,6 @@
 """The README's viewer: the real `tensorboard --logdir` serves a run's series.
 
-Reading event files with `EventAccumulator` (as test_training.py does) does
+Reading event files with `EventAccumulator` (as `helpers.scalars` does) does
 not start TensorBoard, so it cannot catch an environment in which the
 viewer itself fails to import (setuptools without `pkg_resources`). This
 starts the `tensorboard` of the project's environment on 127.0.0.1 and asks

@@ -15,7 +15,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 import tensorflow_datasets.testing  # noqa: F401  (tfds.testing.mock_data)
 
-from tests.helpers import run_main, write_cifar_records
+from tests.data_files import write_cifar_records
+from tests.helpers import run_main
 from tf_resnet import data
 from tf_resnet.errors import DataError
 

@@ -6,56 +6,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.data_files import WNIDS, write_jpeg, write_tiny_imagenet
 from tests.helpers import all_batches, run_main
 from tf_resnet import data, train_loop
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError, UserInputError
 from tf_resnet.settings import make_config
-
-# Created in this (unsorted) order: labels must follow the sorted names.
-WNIDS = ("n03000000", "n01000000", "n02000000")
-
-
-def _write_jpeg(path, rng, grayscale=False, size=64):
-    channels = 1 if grayscale else 3
-    pixels = rng.integers(0, 256, (size, size, channels), dtype=np.uint8)
-    encoded = tf.io.encode_jpeg(pixels, quality=95).numpy()
-    with open(path, "wb") as stream:
-        stream.write(encoded)
-    # The exact pixels a JPEG reader must return (JPEG is lossy).
-    return tf.io.decode_jpeg(encoded, channels=3).numpy()
-
-
-def write_tiny_imagenet(root, train_per_class=4, val_per_class=2, seed=0):
-    """Official layout; returns {"train"/"val": [(path, label, pixels)]}."""
-    rng = np.random.default_rng(seed)
-    label_of = {wnid: i for i, wnid in enumerate(sorted(WNIDS))}
-    written = {"train": [], "val": []}
-    for wnid in WNIDS:
-        folder = os.path.join(root, "train", wnid, "images")
-        os.makedirs(folder)
-        with open(os.path.join(root, "train", wnid, f"{wnid}_boxes.txt"), "w"):
-            pass
-        for i in range(train_per_class):
-            path = os.path.join(folder, f"{wnid}_{i}.JPEG")
-            pixels = _write_jpeg(path, rng, grayscale=i == 1)
-            written["train"].append((path, label_of[wnid], pixels))
-    os.makedirs(os.path.join(root, "val", "images"))
-    lines = []
-    for k in range(val_per_class * len(WNIDS)):
-        wnid = WNIDS[(k * 2) % len(WNIDS)]
-        path = os.path.join(root, "val", "images", f"val_{k}.JPEG")
-        pixels = _write_jpeg(path, rng, grayscale=k == 0)
-        written["val"].append((path, label_of[wnid], pixels))
-        lines.append(f"val_{k}.JPEG\t{wnid}\t0\t1\t60\t62\n")
-    # Not in file-name order: the reader must keep the annotation order.
-    order = [3, 0, 5, 1, 4, 2][: len(lines)]
-    with open(os.path.join(root, "val", "val_annotations.txt"), "w") as out:
-        out.writelines(lines[i] for i in order)
-    written["val"] = [written["val"][i] for i in order]
-    written["train"].sort(key=lambda item: (item[1], item[0]))
-    return written
 
 
 @pytest.fixture()
@@ -223,7 +180,7 @@ def test_missing_root_is_a_data_error(tmp_path):
 def test_image_of_wrong_size_fails_naming_the_file(tiny):
     root, written = tiny
     path = written["val"][2][0]
-    _write_jpeg(path, np.random.default_rng(1), size=32)
+    write_jpeg(path, np.random.default_rng(1), size=32)
     dataset = data.open_split("tinyimagenet", root, training=False).dataset(2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="val_"):
         all_batches(dataset)

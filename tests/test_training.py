@@ -5,10 +5,8 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorboard.backend.event_processing import event_accumulator
 
-from tests.helpers import run_main
+from tests.helpers import checkpoint_weights, eval_rows, run_main, scalars
 from tf_resnet import train_loop
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.settings import make_config
@@ -28,33 +26,6 @@ def config(synthetic, log_root, **overrides):
     )
     values.update(overrides)
     return make_config(**values)
-
-
-def scalars(directory, tag):
-    accumulator = event_accumulator.EventAccumulator(
-        directory, size_guidance={event_accumulator.TENSORS: 0}
-    )
-    accumulator.Reload()
-    return [
-        (event.step, float(tf.make_ndarray(event.tensor_proto)))
-        for event in accumulator.Tensors(tag)
-    ]
-
-
-def checkpoint_weights(log_root):
-    """Every variable of the latest checkpoint: weights, BN stats, slots."""
-    reader = tf.train.load_checkpoint(str(log_root))
-    return {
-        name: reader.get_tensor(name)
-        for name, _ in tf.train.list_variables(str(log_root))
-        if name.startswith(("model/", "optimizer/"))
-    }
-
-
-def eval_rows(log_root):
-    """`(step, precision)` rows of a run's eval.csv."""
-    with open(os.path.join(log_root, "eval.csv"), newline="") as stream:
-        return [(r["step"], r["precision"]) for r in csv.DictReader(stream)]
 
 
 @pytest.fixture(scope="module")

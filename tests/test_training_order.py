@@ -15,8 +15,8 @@ import os
 import numpy as np
 import pytest
 
+from tests.data_files import write_py2_pickle
 from tests.helpers import load_data_script
-from tests.test_cifar_pickle import write_py2_pickle
 from tf_resnet import config as config_lib
 from tf_resnet import settings
 from tf_resnet.data import DATASETS, InputOptions, open_split, pipeline

@@ -1,11 +1,14 @@
-"""Runs `tests/hvd_worker.py` on real Horovod ranks over loopback.
+"""Runs of `tests/hvd_worker.py` under the engines' launchers, compared.
 
-Multi-rank runs go through `tf_resnet.launch.horovod`, in a loopback-only
-network namespace.
-
-Shared by test_horovod.py and test_averaging.py. Independent runs start side
-by side; the equivalence runs are cached for the session, so the synchronous
-Horovod run both files compare against is trained once.
+Multi-process runs go through `tf_resnet.launch.horovod` (Horovod ranks) or
+`tf_resnet.launch.multi_worker` (the workers of a TF_CONFIG cluster), each
+in a loopback-only network namespace; `Spec`, `equivalence_runs` and
+`assert_same_weights` are the equivalence setup the engine tests share
+(Horovod, averaging, multi_worker, Ray, preemption, reliability, the Slurm
+cluster and the cluster user). Independent runs start side by side; the
+equivalence runs are cached for the session, so a run several files
+compare against (the single process, synchronous Horovod) is trained once
+per pytest worker.
 
 The equivalence data make every mode compute the same gradients: 64
 records (4 global batches of 16) read without shuffling, so one global step
