@@ -77,6 +77,29 @@ def test_no_readable_checkpoint_fails_naming_them(synthetic_cifar, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
+def test_a_corrupt_config_json_is_one_error_with_advice_that_works(
+    synthetic_cifar, tmp_path
+):
+    args = train_args(synthetic_cifar, tmp_path, "--train_steps=2")
+    assert run_main(args).returncode == 0
+    saved = tmp_path / "config.json"
+    saved.write_text('{"config": {')  # Cut short, as by a full disk.
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    args = train_args(synthetic_cifar, tmp_path, "--train_steps=4")
+    proc = run_main(args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1, proc.stderr[-2000:]
+    assert f"{saved}: unreadable" in errors[0]
+    assert f"mv {saved} {saved}.bad" in errors[0]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+    # As the advice says: moved aside, the same flags resume the run.
+    saved.rename(tmp_path / "config.json.bad")
+    proc = run_main(args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"resumed from \S+ckpt-2 at step 2\b", proc.stderr)
+
+
 def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
     synthetic_cifar, tmp_path
 ):

@@ -80,6 +80,19 @@ def resolve(values, explicit):
     return config
 
 
+def _unreadable(path, why):
+    """The error of a saved config that cannot be read, with what to do.
+
+    The checkpoints beside it are the run's state and stay usable: without
+    the file, a run resumes from them with the flags it is given.
+    """
+    return UserInputError(
+        f"{path}: {why}; the checkpoints beside it are untouched: move it "
+        f"aside (mv {path} {path}.bad) and rerun with the flags the run was "
+        "started with to resume from them"
+    )
+
+
 def _read_saved(log_root):
     """`(path, document)` of `log_root/config.json`; document None if none."""
     path = os.path.join(log_root, CONFIG_FILE)
@@ -89,7 +102,7 @@ def _read_saved(log_root):
         with open(path, encoding="utf-8") as stream:
             return path, json.load(stream)
     except (OSError, ValueError) as error:
-        raise UserInputError(f"{path}: unreadable ({error})") from None
+        raise _unreadable(path, f"unreadable ({error})") from None
 
 
 # Fields that earlier versions saved and that no longer exist: a run saved
@@ -119,9 +132,8 @@ def load_saved(log_root):
         }
         return flatten(make_config(**current))
     except (ValueError, KeyError, TypeError) as error:
-        raise UserInputError(
-            f"{path}: not a readable tf-resnet run configuration ({error}); "
-            "move it away to start the run's configuration afresh"
+        raise _unreadable(
+            path, f"not a readable tf-resnet run configuration ({error})"
         ) from None
 
 
