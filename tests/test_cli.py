@@ -1,6 +1,7 @@
 """resnet_main.py: flags, clear errors, nothing half-written."""
 
 import os
+import re
 
 import pytest
 
@@ -79,3 +80,23 @@ def test_a_checkpoint_logs_no_tensorflow_internals(synthetic_cifar, tmp_path):
     assert os.path.exists(tmp_path / "ckpt-2.index"), os.listdir(tmp_path)
     assert "Sharding callback duration" not in proc.stderr, proc.stderr
     assert "step 2/2" in proc.stderr and "done:" in proc.stderr, proc.stderr
+
+
+def test_progress_comes_by_the_clock_as_well_as_by_steps(
+    synthetic_cifar, tmp_path
+):
+    """A slow run is never silent for long: a line after --log_every_secs
+    without one, whatever --log_every_steps says."""
+    args = [*base_args(synthetic_cifar, tmp_path), "--train_steps=5",
+            "--log_every_steps=1000"]  # fmt: skip
+    steps = re.compile(r"step (\d)/5 \(")
+    quiet = run_main(
+        [*args, f"--log_root={tmp_path / 'quiet'}", "--log_every_secs=600"]
+    )
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert steps.findall(quiet.stderr) == ["5"]  # Only the last.
+    clock = run_main(
+        [*args, f"--log_root={tmp_path / 'clock'}", "--log_every_secs=1e-3"]
+    )
+    assert clock.returncode == 0, clock.stderr[-2000:]
+    assert steps.findall(clock.stderr) == ["1", "2", "3", "4", "5"]

@@ -75,8 +75,9 @@ def test_two_ranks_train_to_identical_models(shapes_files):
         np.testing.assert_array_equal(ours, theirs)
     assert any(not np.allclose(a, w) for a, w in zip(ema0, rank0, strict=True))
 
+    # One progress line per step, the chief's: rank 1's would repeat it.
     losses = logged_losses(run.output)
-    assert len(losses) >= 3 and losses == logged_losses(run.output, rank=1)
+    assert len(losses) >= 3 and not logged_losses(run.output, rank=1)
     assert losses[-1] < 0.8 * losses[0], losses
     # Each rank evaluates its half of the test file; the counts add up.
     assert run.output.count("over 40 examples") == 4

@@ -233,6 +233,12 @@ class RunConfig:
     log_every_steps: int = setting(
         100, "Progress line and train summaries every N steps."
     )
+    log_every_secs: float = setting(
+        30.0,
+        "Also a progress line when this many seconds passed without one, so "
+        "a slow run is never silent for long.",
+        bounds=POSITIVE,
+    )
     eval_every_steps: int = setting(
         0, "Evaluate while training every N steps (0: each epoch)."
     )

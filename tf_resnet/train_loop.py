@@ -154,21 +154,36 @@ class _StopSignal:
 class _Progress:
     """Accumulates step metrics between log lines; logs and summarises them.
 
+    A line every `--log_every_steps`, and whenever `--log_every_secs`
+    passed without one (a slow run is not taken for a hung one); the chief
+    prints it, the other processes only check their own loss.
+
     Also the loop's guard against divergence: a non-finite loss stops the
     run, naming the step and the last good checkpoint.
     """
 
-    def __init__(self, mode, plan, writer, checkpoints, start_step, rate_fn):
+    def __init__(
+        self, mode, plan, writer, checkpoints, start_step, rate_fn, every_secs
+    ):
         self.mode = mode
         self.plan = plan
         self.writer = writer
         self.checkpoints = checkpoints
         self.rate_fn = rate_fn
+        self.every_secs = every_secs
         self.pending = []
         self.interval_start = (start_step, time.time())
 
     def add(self, step_metrics):
         self.pending.append(step_metrics)
+
+    def due(self):
+        """Whether `every_secs` passed since the last line (or the start).
+
+        Each process asks its own clock: a line fetches only this
+        process's metrics, so processes need not agree on when.
+        """
+        return time.time() - self.interval_start[1] >= self.every_secs
 
     def log(self, step):
         """Fetches pending metrics, logs a progress line, writes summaries.
@@ -198,20 +213,22 @@ class _Progress:
             "images_per_sec": images_per_sec,
         }
         remaining = (self.plan.total_steps - step) * global_batch
-        logging.info(
-            "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, "
-            "lr %.4g, "
-            "%.1f images/sec, ETA %s",
-            step,
-            self.plan.total_steps,
-            100.0 * step / self.plan.total_steps,
-            step / self.plan.steps_per_epoch,
-            result["loss"],
-            result["accuracy"],
-            result["learning_rate"],
-            images_per_sec,
-            _format_eta(remaining / max(images_per_sec, 1e-9)),
-        )
+        # One line per step of the job: the other processes' would repeat
+        # the chief's (or, between averages, differ by their shard only).
+        if self.mode.is_chief:
+            logging.info(
+                "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, "
+                "lr %.4g, %.1f images/sec, ETA %s",
+                step,
+                self.plan.total_steps,
+                100.0 * step / self.plan.total_steps,
+                step / self.plan.steps_per_epoch,
+                result["loss"],
+                result["accuracy"],
+                result["learning_rate"],
+                images_per_sec,
+                _format_eta(remaining / max(images_per_sec, 1e-9)),
+            )
         if not math.isfinite(result["loss"]):
             raise TrainingDiverged(
                 f"loss is {result['loss']} at step {step}; last good "
@@ -336,6 +353,7 @@ def _train(config, mode, plan, split):
         checkpoints,
         step,
         lambda: float(optimizer.learning_rate.numpy()),
+        run.log_every_secs,
     )
     run_until = plan.total_steps
     if run.steps_per_run:
@@ -352,7 +370,7 @@ def _train(config, mode, plan, split):
             step += 1
             mode.after_step(step, state)
             pause = step == run_until  # End of this run, maybe not of training.
-            if step % run.log_every_steps == 0 or pause:
+            if step % run.log_every_steps == 0 or pause or progress.due():
                 progress.log(step)
             if step % plan.checkpoint_every_steps == 0 or pause:
                 progress.log(step)
