@@ -116,6 +116,7 @@ def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
     run = Launch(
         synthetic_cifar, tmp_path / "run", 2, f"--train_steps={steps}",
         "--eval_every_steps=1000", "--log_every_steps=10", "--momentum=0",
+        "--log_every_secs=3600",  # Lines by steps only: they pace the test.
     )  # fmt: skip
     # Both workers have compiled the step by then.
     run.wait_for(r"step 10/")
