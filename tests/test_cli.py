@@ -82,6 +82,21 @@ def test_a_checkpoint_logs_no_tensorflow_internals(synthetic_cifar, tmp_path):
     assert "step 2/2" in proc.stderr and "done:" in proc.stderr, proc.stderr
 
 
+def test_a_run_on_cifar_binaries_logs_no_error_line(synthetic_cifar, tmp_path):
+    """TensorFlow's oneDNN pass logged a false `E` line (uint8 "only on
+    platforms with AVX-512") at every start; a run without a problem has
+    no error line at all, at TensorFlow's most verbose level."""
+    proc = run_main(
+        [*base_args(synthetic_cifar, tmp_path), "--train_steps=2"],
+        env={"TF_CPP_MIN_LOG_LEVEL": "0"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    errors = [
+        x for x in proc.stderr.splitlines() if re.match(r"\S+ \S+: E ", x)
+    ]
+    assert not errors, errors
+
+
 def test_progress_comes_by_the_clock_as_well_as_by_steps(
     synthetic_cifar, tmp_path
 ):

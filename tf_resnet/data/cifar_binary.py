@@ -148,12 +148,19 @@ def read_class_names(folder, fmt):
 
 
 def _decode_batch(records, fmt):
-    """Raw record strings `[B]` -> uint8 images `[B,32,32,3]`, labels `[B]`."""
+    """Raw record strings `[B]` -> uint8 images `[B,32,32,3]`, labels `[B]`.
+
+    The records hold the three colour planes one after the other; they are
+    stacked as the last axis rather than transposed: TensorFlow's oneDNN
+    graph pass logs a false error ("oneDNN supports DT_UINT8 only on
+    platforms with AVX-512") for a uint8 transpose, on every CPU.
+    """
     size = DATASETS[fmt.name].image_size
     raw = tf.io.decode_raw(records, tf.uint8)
     labels = raw[:, fmt.label_offset]
     planes = tf.reshape(raw[:, fmt.label_bytes :], [-1, 3, size, size])
-    return tf.transpose(planes, [0, 2, 3, 1]), labels
+    images = tf.stack([planes[:, 0], planes[:, 1], planes[:, 2]], axis=-1)
+    return images, labels
 
 
 class BinarySplit(Split):
