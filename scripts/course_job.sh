@@ -137,7 +137,7 @@ run_job_command() {
   wait "$JOB_COMMAND" || code=$?
   trap - TERM INT USR1
   if [[ -n ${STEP_STATUS:-} ]]; then
-    [[ -n $failed ]] || failed=$(failed_task)
+    failed=$(failed_task) # Every task that exited has written its code.
     rm -rf "$STEP_STATUS"
     rmdir "$(dirname "$STEP_STATUS")" 2>/dev/null || true
     STEP_STATUS=""
@@ -147,31 +147,57 @@ run_job_command() {
     if ((code == 4)); then requeue_after_lost_task; fi
   fi
   if ((REQUEUE)); then requeue_job; fi
+  if [[ -n $failed ]]; then
+    log "error: task ${failed% *} exited with code $code: $(exit_cause "$code")"
+  fi
   return "$code"
 }
+
+# What resnet_main's exit code $1 says went wrong.
+exit_cause() {
+  case $1 in
+    2) echo "bad flags or data (its error: line above names them)" ;;
+    3) echo "the training diverged (its error: line above names the step)" ;;
+    4) echo "it lost a peer: a node or a process of the job is gone" ;;
+    *) echo "see its output above" ;;
+  esac
+}
+
+# The shell every task or rank runs: in $1 (REPO), the rest of its
+# arguments, with --task_index=<its rank> where $3 is set, its exit code
+# then written to $2/<its rank> (see run_job_command). The rank is the
+# launcher's: Horovod's, Open MPI's, MPICH's, PMIx's, else the Slurm task's.
+# It traps SIGTERM, which the scheduler sends to every process of the job,
+# so that it outlives the training process's checkpoint and records its
+# code.
+TASK_SHELL='trap : TERM; cd "$1" && status=$2 index=$3 && shift 3
+  rank=${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}}}
+  "$@" ${index:+--task_index="$rank"}; code=$?
+  echo "$code" >"$status/$rank"; exit "$code"'
 
 # Sets STEP to srun's command line for a job step of $2 tasks, one per
 # task slot, with Slurm's MPI plugin $1 (none for TensorFlow's own workers,
 # even where the cluster's MpiDefault is an MPI). Each task runs the rest of
-# the arguments in REPO, with --task_index=<its rank> where the first
-# argument is --task_index, and writes its exit code to STEP_STATUS/<rank>
-# (see run_job_command). The task's shell traps SIGTERM, which the
-# scheduler sends to every process of the step, so that it outlives the
-# training process's checkpoint and records its code. No
-# --kill-on-bad-exit: srun would have Slurm signal the step on every node,
-# and where a node is lost that signal waits in Slurm's queue until the
-# node is back, then stops the requeued job's step of the same number;
-# run_job_command ends the step itself.
+# the arguments in TASK_SHELL, with --task_index=<its rank> where the first
+# argument is --task_index. No --kill-on-bad-exit: srun would have Slurm
+# signal the step on every node, and where a node is lost that signal
+# waits in Slurm's queue until the node is back, then stops the requeued
+# job's step of the same number; run_job_command ends the step itself.
 step_command() {
   local mpi=$1 tasks=$2 index=""
   shift 2
   if [[ $1 == --task_index ]]; then index=1 && shift; fi
   STEP_STATUS=$(step_status_dir)
-  STEP=(srun --ntasks="$tasks" --distribution=block --mpi="$mpi" /bin/bash -c
-    'trap : TERM; cd "$1" && status=$2 index=$3 && shift 3
-     "$@" ${index:+--task_index="$SLURM_PROCID"}; code=$?
-     echo "$code" >"$status/$SLURM_PROCID"; exit "$code"'
-    task "$REPO" "$STEP_STATUS" "$index" "$@")
+  STEP=(srun --ntasks="$tasks" --distribution=block --mpi="$mpi" /bin/bash
+    -c "$TASK_SHELL" task "$REPO" "$STEP_STATUS" "$index" "$@")
+}
+
+# Sets RANK to the rest of the arguments as one rank of horovodrun or
+# mpirun, in TASK_SHELL: its exit code is kept, where the launcher would
+# exit 1 for any failed rank.
+rank_command() {
+  STEP_STATUS=$(step_status_dir)
+  RANK=(/bin/bash -c "$TASK_SHELL" rank "$REPO" "$STEP_STATUS" "" "$@")
 }
 
 # A fresh folder for the exit codes of this run of the job: on the shared
@@ -182,17 +208,22 @@ step_status_dir() {
   echo "$dir"
 }
 
-# "<task> <code>" of the first task of the step that exited non-zero.
+# "<task> <code>" of the first task of the step that exited non-zero,
+# preferring one that failed of itself to one that lost its peers (4): the
+# others of a job whose task failed exit 4.
 failed_task() {
-  local file code
+  local file code lost=""
   for file in "$STEP_STATUS"/*; do
     [[ -f $file ]] || continue
     code=$(<"$file")
-    if [[ -n $code && $code != 0 ]]; then
+    if [[ $code == 4 ]]; then
+      lost=${lost:-"$(basename "$file") $code"}
+    elif [[ -n $code && $code != 0 ]]; then
       echo "$(basename "$file") $code"
       return
     fi
   done
+  if [[ -n $lost ]]; then echo "$lost"; fi
 }
 
 # A task lost its peers (a node or a process of the step gone): what a
@@ -396,9 +427,10 @@ train_sync_horovod() {
   case ${LAUNCHER:-horovodrun} in
     horovodrun)
       # horovodrun starts the ranks of other hosts over ssh.
+      rank_command "${command[@]}"
       run_job_command ignoring_term "$(dirname "$PYTHON")/horovodrun" \
         -np "$ranks" -H "$hosts" --gloo \
-        ${horovod_flags[@]+"${horovod_flags[@]}"} "${command[@]}"
+        ${horovod_flags[@]+"${horovod_flags[@]}"} "${RANK[@]}"
       ;;
     srun)
       if [[ $SCHEDULER != slurm ]]; then
@@ -413,8 +445,9 @@ train_sync_horovod() {
       # support they need the node file.
       local hostfile=()
       if [[ $SCHEDULER == pbs ]]; then hostfile=(-hostfile "$PBS_NODEFILE"); fi
+      rank_command "${command[@]}"
       run_job_command ignoring_term mpirun -np "$ranks" \
-        ${hostfile[@]+"${hostfile[@]}"} "${command[@]}"
+        ${hostfile[@]+"${hostfile[@]}"} "${RANK[@]}"
       ;;
     *)
       log "error: LAUNCHER=$LAUNCHER: expected horovodrun, srun or mpirun"

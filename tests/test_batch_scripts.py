@@ -293,6 +293,31 @@ def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
     assert_trained(log_root, text)
 
 
+@requires_horovod
+@pytest.mark.slow
+def test_a_failed_horovod_job_keeps_the_rank_exit_code_and_ends_on_its_cause(
+    tmp_path, cifar100
+):
+    """horovodrun exits 1 for any failed rank, with its traceback last; the
+    job exits with the rank's own code (2: bad input), so the scheduler's
+    state says which, and its last line is the cause."""
+    missing = tmp_path / "no" / "train.bin"
+    code, text = run_job(
+        "course_sync_cifar100.sbatch", "slurm", tmp_path,
+        {**cifar100, "TRAIN_DATA": str(missing), "EXTRA_FLAGS": SMALL},
+    )  # fmt: skip
+    assert code == 2, text[-4000:]
+    assert str(missing) in text, text[-4000:]
+    job_lines = [
+        x for x in text.splitlines() if x and not x.startswith("[test]")
+    ]
+    last = job_lines[-1]
+    assert re.search(
+        r"course_job: error: task \d exited with code 2: bad flags or data",
+        last,
+    ), text[-4000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
