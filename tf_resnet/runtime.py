@@ -130,8 +130,9 @@ def configure_devices(num_gpus, cpu_replicas=1):
 
 # TensorFlow modules whose INFO lines (absl's logger, which carries ours
 # too) tell a user nothing: the checkpoint saver logs the time of an
-# internal callback at every save.
-QUIET_MODULES = ("checkpoint/functional_saver.py",)
+# internal callback at every save; connecting to a cluster (the
+# parameter-server coordinator) dumps the whole session config.
+QUIET_MODULES = ("checkpoint/functional_saver.py", "eager/remote.py")
 
 
 class _DropInternalInfo(std_logging.Filter):
