@@ -12,6 +12,7 @@
 TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
 """
 
+import numbers
 import os
 import sys
 
@@ -71,7 +72,10 @@ def run(argv):
         try:
             if config.run.mode == "train":
                 result = train_loop.train(config, mode)
-                logging.info("done: %s", result)
+                logging.info(
+                    "done: %s",
+                    ", ".join(f"{k} {_number(v)}" for k, v in result.items()),
+                )
             else:
                 evaluation.evaluate_only(config, mode)
         finally:
@@ -99,6 +103,15 @@ def run(argv):
         print(f"resnet_main: stopped: {error}", file=sys.stderr)
         return 128 + error.signum
     return 0
+
+
+def _number(value):
+    """`0.9930`, `390`: a result as a person reads it (not numpy's repr)."""
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return f"{float(value):.4f}"
+    return str(value)
 
 
 def main():

@@ -176,7 +176,7 @@ run_demo() {
   .venv/bin/python resnet_main.py --dataset=cifar10 \
     --train_data_path="$data/data_batch*" --eval_data_path="$data/test_batch.bin" \
     --log_root="$log_root" --model=resnet20 --train_epochs="${DEMO_EPOCHS:-10}" \
-    --log_every_steps=20 "$@"
+    "$@"
   log "result: $(last_evaluation "$log_root/eval.csv")"
   log "learning curve: $log_root/learning_curve.png, results: $log_root/eval.csv"
 }
