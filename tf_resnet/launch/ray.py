@@ -43,6 +43,7 @@ until `main` runs; Ray is imported there.
 """
 
 import contextlib
+import importlib.util
 import os
 import socket
 import subprocess
@@ -274,7 +275,12 @@ def make_trainer(args, train, tensorflow):
 
 
 def import_ray():
-    """`(ray, ray.train, ray.train.tensorflow)`, or None after one error."""
+    """`(ray, ray.train)`, or None after one error.
+
+    Ray Train's TensorFlow module, which imports TensorFlow (seconds, and
+    its start-up lines), is checked here but imported only once a cluster
+    answers (`main`).
+    """
     # Every worker's lines, not one per group of equal lines; V2 API.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -282,7 +288,9 @@ def import_ray():
     try:
         import ray
         from ray import train
-        from ray.train import tensorflow
+
+        if importlib.util.find_spec("ray.train.tensorflow") is None:
+            raise ImportError("no module named 'ray.train.tensorflow'")
     except ImportError as error:
         log(
             f"error: this environment ({sys.executable}) lacks Ray Train "
@@ -294,7 +302,7 @@ def import_ray():
     ray.cloudpickle.register_pickle_by_value(processes)
     if __name__ != "__main__":  # Imported: ship this module too.
         ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    return ray, train, tensorflow
+    return ray, train
 
 
 def run(ray, train, tensorflow, args):
@@ -406,7 +414,7 @@ def main(argv=None):
     modules = import_ray()
     if modules is None:
         return 2
-    ray = modules[0]
+    ray, train = modules
     problem = connect(ray, args.address)
     if problem:
         log(problem)
@@ -416,7 +424,9 @@ def main(argv=None):
         if problem:
             log(f"error: {problem}")
             return 2
-        return run(*modules, args)
+        from ray.train import tensorflow
+
+        return run(ray, train, tensorflow, args)
     finally:
         with contextlib.suppress(Exception):
             ray.shutdown()
