@@ -28,9 +28,7 @@ def replicas(config, started):
 
 def _engine(started):
     """The engine of the process: `auto` falls back by its devices."""
-    if started.distribution == engines.AUTO:
-        return engines.fallback(started.plan.replicas)
-    return engines.get(started.distribution)
+    return engines.running(started.distribution, started.plan.replicas)
 
 
 def report(config, started):

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from tf_resnet import detect, recipes
 from tf_resnet.errors import UserInputError
 
-# Not an engine: `resolve` makes it one, from the launcher, else `fallback`
-# from the devices of the process.
+# Not an engine: `resolve` makes it one from the launcher, else `running`
+# from the devices of the process (each engine's `fallback`).
 AUTO = "auto"
 
 
@@ -322,7 +322,7 @@ ENGINES = {
         ),
     )
 }
-# `auto` is no engine: it becomes one of them (`resolve`, `fallback`).
+# `auto` is no engine: it becomes one of them (`resolve`, `running`).
 DISTRIBUTIONS = (AUTO, *ENGINES)
 
 
@@ -334,12 +334,18 @@ def installed(engine):
     )
 
 
-def fallback(replicas):
-    """The engine `auto` becomes in a process no launcher started.
+def running(name, replicas):
+    """The engine a process of `--distribution=name` runs.
+
+    The one named; for `auto` that start-up could not resolve from the
+    launcher, the engine whose `fallback` takes the process's devices.
 
     Args:
+      name: the resolved `--distribution` value (`resolve`).
       replicas: the replicas of the process's device plan.
     """
+    if name != AUTO:
+        return get(name)
     return next(
         e for e in ENGINES.values() if e.fallback and e.fallback(replicas)
     )

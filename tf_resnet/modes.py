@@ -32,7 +32,7 @@ def make_mode(distribution, global_batch, config=None, devices=None):
     Args:
       distribution: a `--distribution` value (`engines.DISTRIBUTIONS`);
         `auto` that start-up could not resolve from the launcher becomes
-        the engine it falls back to for these devices (`engines.fallback`).
+        the engine it falls back to for these devices (`engines.running`).
       global_batch: examples of one step over all replicas of all workers.
       config: the `settings.DistributionConfig` (None: defaults); checked
         against its schema and the engine's own constraints first.
@@ -43,10 +43,7 @@ def make_mode(distribution, global_batch, config=None, devices=None):
       A `base.DistributionMode`.
     """
     config = config or DistributionConfig()
-    if distribution == engines.AUTO:
-        engine = engines.fallback(len(devices or ()) or 1)
-    else:
-        engine = engines.get(distribution)
+    engine = engines.running(distribution, len(devices or ()) or 1)
     schema.check(config)
     if engine.check:
         engine.check(config)
