@@ -177,14 +177,19 @@ class _Progress:
     def add(self, step_metrics):
         self.pending.append(step_metrics)
 
-    def exclude(self, seconds):
-        """Leaves `seconds` of other work out of the next line's rate.
+    @contextlib.contextmanager
+    def paused(self):
+        """Leaves the time of the block out of the next line's rate.
 
         An evaluation or a save in the interval would otherwise lower its
         images/sec and stretch its ETA.
         """
-        step, started = self.interval_start
-        self.interval_start = (step, started + seconds)
+        started = time.time()
+        try:
+            yield
+        finally:
+            step, since = self.interval_start
+            self.interval_start = (step, since + time.time() - started)
 
     def due(self):
         """Whether `every_secs` passed since the last line (or the start).
@@ -244,16 +249,6 @@ class _Progress:
                 f"checkpoint: {self.checkpoints.latest or 'none'}"
             )
         self.writer.write(step, result)
-
-
-@contextlib.contextmanager
-def _excluded_from(progress):
-    """Leaves the time of the block out of `progress`'s rate and ETA."""
-    started = time.time()
-    try:
-        yield
-    finally:
-        progress.exclude(time.time() - started)
 
 
 def _format_eta(seconds):
@@ -393,13 +388,13 @@ def _train(config, mode, plan, split):
                 progress.log(step)
             if step % plan.checkpoint_every_steps == 0 or pause:
                 progress.log(step)
-                with _excluded_from(progress):
+                with progress.paused():
                     checkpoints.save(step)
                 saved_at = step
             # Evaluation follows the schedule only, so a run split into
             # pieces has the same eval history as an uninterrupted one.
             if step % plan.eval_every_steps == 0 or step == plan.total_steps:
-                with _excluded_from(progress):
+                with progress.paused():
                     last_eval = evaluator(step, step / plan.steps_per_epoch)
             # At steps every process knows: all ask, all stop at one step.
             if (
