@@ -31,6 +31,8 @@ allow_soft_placement: true
 
 I0000 00:00:1795630604.810856    2030 coordination_service_agent.cc:340] Coordination agent has successfully connected.
 W0000 00:00:1795630604.810856    2030 grpc_server_lib.cc:99] a warning stays
+2026-11-25 18:15:26.758605: W tensorflow/core/framework/dataset.cc:993] Input of GeneratorDatasetOp::Dataset will not be optimized because the dataset does not implement the AsGraphDefInternal() method needed to apply optimizations.
+2026-11-25 18:15:26.758605: W tensorflow/core/framework/dataset.cc:993] Input of MyDatasetOp::Dataset will not be optimized
 I1125 18:15:29.049812 140171505388416 train_loop.py:233] step 2/2 (100.0%)
 """  # noqa: E501
 
@@ -47,6 +49,8 @@ def test_the_server_chatter_goes_and_every_other_line_stays():
         "ps task 0 serving at grpc://localhost:34200",
         "W0000 00:00:1795630604.810856    2030 grpc_server_lib.cc:99] "
         "a warning stays",
+        "2026-11-25 18:15:26.758605: W tensorflow/core/framework/dataset.cc:"
+        "993] Input of MyDatasetOp::Dataset will not be optimized",
         "I1125 18:15:29.049812 140171505388416 train_loop.py:233] "
         "step 2/2 (100.0%)",
     ]

@@ -8,7 +8,9 @@ whole session config (about 20 lines). Python cannot reach absl's C++
 threshold, so `filter_stderr` sends the process's stderr (file descriptor
 2, which C++ writes to) through a small filter process that drops exactly
 those INFO lines (`QUIET_FILES`, with a dump's continuation lines) and
-passes every other line as it comes.
+passes every other line as it comes. It drops the few warnings that every
+distributed run prints and that ask nothing of a user
+(`HARMLESS_WARNINGS`) too.
 
 The filter is a process of its own, not a thread, so that nothing is lost
 when the training process dies abruptly (a C++ check failure writes its
@@ -42,8 +44,17 @@ ABSL_UNINITIALISED = (
     b"WARNING: All log messages before absl::InitializeLog() is called"
     b" are written to STDERR"
 )
+# TensorFlow warnings that every run of a distributed mode prints and that
+# ask nothing of a user: tf.distribute's multi-device iterator feeds
+# replicas through a generator dataset, whose input tf.data cannot rewrite
+# (tensorflow/tensorflow#61816; Ray Train prints it too, ray#25141).
+HARMLESS_WARNINGS = (
+    b"Input of GeneratorDatasetOp::Dataset will not be optimized because",
+)
 # An absl INFO line: `I1125 18:15:23.161704     525 file.cc:464] text`.
 _INFO = re.compile(rb"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ")
+# A TensorFlow warning: `2026-11-25 18:15:26.758605: W path/file.cc:993] `.
+_WARNING = re.compile(rb"^[\d-]+ [\d:.]+: W [\w/.]+:\d+\] ")
 # A line of a text proto: `key: value`, `name {`, `}`.
 _PROTO = re.compile(rb"^ *(\w+: .*|\w+ \{|\})$")
 
@@ -52,6 +63,9 @@ def quiet(line):
     """Whether a line (bytes, without its newline) is one to drop."""
     if line == ABSL_UNINITIALISED:
         return True
+    warning = _WARNING.match(line)
+    if warning:
+        return line[warning.end() :].startswith(HARMLESS_WARNINGS)
     match = _INFO.match(line)
     return bool(match) and match.group(1).decode() in QUIET_FILES
 
