@@ -79,10 +79,13 @@ def run(argv):
         try:
             if config.run.mode == "train":
                 result = train_loop.train(config, mode)
-                logging.info(
-                    "done: %s",
-                    ", ".join(f"{k} {_number(v)}" for k, v in result.items()),
-                )
+                if mode.is_chief:  # The others' would repeat it.
+                    logging.info(
+                        "done: %s",
+                        ", ".join(
+                            f"{k} {_number(v)}" for k, v in result.items()
+                        ),
+                    )
             else:
                 evaluation.evaluate_only(config, mode)
         finally:

@@ -214,17 +214,19 @@ class Evaluator:
                 self.report_dir, step, confusion, self.class_names
             )
             self.writer.write(step, result, best, confusion_png=image)
-        logging.info(
-            "eval %s: precision %.4f (best %.4f), top-5 %.4f, loss "
-            "%.4f over %d examples, %.1fs",
-            label or f"at step {step}",
-            result["precision"],
-            best,
-            result["precision_at_5"],
-            result["loss"],
-            result["examples"],
-            time.time() - start,
-        )
+            # The chief's line only: every process evaluates its share, and
+            # the summed result another printed would repeat it.
+            logging.info(
+                "eval %s: precision %.4f (best %.4f), top-5 %.4f, loss "
+                "%.4f over %d examples, %.1fs",
+                label or f"at step {step}",
+                result["precision"],
+                best,
+                result["precision_at_5"],
+                result["loss"],
+                result["examples"],
+                time.time() - start,
+            )
         return result
 
     def close(self):

@@ -340,20 +340,21 @@ def _train(config, mode, plan, split):
         summaries.write_hparams(run.log_root, settings.flatten(config))
     mode.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
-    if restored:
+    if restored:  # Each process's: one that resumed elsewhere would show.
         logging.info("resumed from %s at step %d", restored, step)
-    logging.info(
-        "training %s on %s: %d examples, %d steps/epoch, %d steps, global "
-        "batch %d over %d replica(s) (%s)",
-        config.model.model,
-        config.data.dataset,
-        plan.num_train_examples,
-        plan.steps_per_epoch,
-        plan.total_steps,
-        mode.global_batch,
-        mode.num_replicas,
-        mode.name,
-    )
+    if mode.is_chief:  # The job's line; the others' would repeat it.
+        logging.info(
+            "training %s on %s: %d examples, %d steps/epoch, %d steps, "
+            "global batch %d over %d replica(s) (%s)",
+            config.model.model,
+            config.data.dataset,
+            plan.num_train_examples,
+            plan.steps_per_epoch,
+            plan.total_steps,
+            mode.global_batch,
+            mode.num_replicas,
+            mode.name,
+        )
     iterator = mode.distribute_dataset(
         functools.partial(_training_dataset, split, config, step)
     )
