@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -183,6 +184,34 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
     assert report["code"] == 4, result.stderr[-3000:]
     assert report["secs"] < 60, report
     assert "lost a task of the training cluster" in result.stderr
+
+
+@on_one_set
+def test_a_refused_run_is_said_by_every_worker_not_as_a_lost_task(
+    synthetic_cifar, tmp_path
+):
+    # Another live run (this test's process, on this host) holds the lock.
+    log_root = tmp_path / "log"
+    log_root.mkdir()
+    (log_root / "run.lock").write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+    )
+    flags = resnet8_flags(synthetic_cifar, log_root, "--train_steps=4")
+    code, output = finish(launch(tmp_path / "dump", flags), timeout=180)
+    assert code == 2, output[-3000:]
+    assert f"in use by the run of process {os.getpid()}" in output
+    assert re.search(
+        r"^resnet_main: error: the chief refused the run at "
+        rf"--log_root={log_root} \(its error line says why\)",
+        output,
+        re.M,
+    ), output[-3000:]
+    assert "lost a task" not in output, output[-3000:]
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith("launch.multi_worker: worker 0 at ")
+    ), output[-3000:]
 
 
 def test_the_launcher_ends_with_the_first_failed_worker(

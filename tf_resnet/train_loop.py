@@ -23,6 +23,7 @@ import signal
 import time
 
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -37,6 +38,7 @@ from tf_resnet.builders import (
 )
 from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
 from tf_resnet.distribute.base import TrainState
+from tf_resnet.errors import UserInputError
 from tf_resnet.losses import classification_losses
 
 
@@ -308,11 +310,8 @@ def train(config, mode):
     """
     split = data.split_of(config, training=True)
     plan = plan_run(config, split)
-    if mode.is_chief:
-        check_writable(config.run.log_root)
-        with run_lock(config.run.log_root):
-            result, interrupted = _train(config, mode, plan, split)
-    else:
+    with contextlib.ExitStack() as held:
+        _start_together(config.run.log_root, mode, held)
         result, interrupted = _train(config, mode, plan, split)
     # Only now that the run's input iterator is released (deleting one of
     # MultiWorkerMirroredStrategy needs every worker still there); after an
@@ -321,6 +320,39 @@ def train(config, mode):
     if interrupted:
         raise interrupted
     return result
+
+
+_CHIEF_FIRST_SECS = 3
+
+
+def _start_together(log_root, mode, held):
+    """The chief takes `log_root` (onto `held`); every process learns if not.
+
+    A refusal (another run holds the directory, or it cannot be written) is
+    the chief's alone to see; told by one all-reduce, the other processes
+    stop with a word of it instead of a lost chief's socket error.
+
+    Raises:
+      UserInputError: on the chief, its refusal; on the others, that the
+        chief refused.
+    """
+    refusal = None
+    if mode.is_chief:
+        try:
+            check_writable(log_root)
+            held.enter_context(run_lock(log_root))
+        except UserInputError as error:
+            refusal = error
+    refused = mode.all_reduce_sum(np.array([int(refusal is not None)]))[0]
+    if refusal:
+        raise refusal
+    if refused:
+        # The chief first: a launcher names the first process to fail.
+        time.sleep(_CHIEF_FIRST_SECS)
+        raise UserInputError(
+            f"the chief refused the run at --log_root={log_root} (its "
+            "error line says why); this process stops with it"
+        )
 
 
 def _train(config, mode, plan, split):
