@@ -17,20 +17,16 @@ import os
 import sys
 
 import tf_resnet  # noqa: F401  # Before TensorFlow: sets its environment.
+from tf_resnet import native_log  # noqa: E402
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+native_log.default_level()
+if __name__ == "__main__":  # Before TensorFlow 2.21's import notices.
+    native_log.filter_stderr()
 
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
-from tf_resnet import (  # noqa: E402
-    dry_run,
-    evaluation,
-    export,
-    native_log,
-    runtime,
-    train_loop,
-)
+from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
 from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
@@ -126,7 +122,7 @@ def _number(value):
 
 def main():
     """Entry point: parses flags with absl and exits with `run`'s code."""
-    native_log.filter_stderr()  # TensorFlow's C++ INFO lines of servers.
+    native_log.filter_stderr()  # Once: run as a module's main, not before.
     tf.get_logger().setLevel("WARNING")  # TF's per-step INFO chatter.
     resnet_flags.define_all()
     app.run(lambda argv: sys.exit(run(argv)))

@@ -59,8 +59,9 @@
 # the job FAILED.
 
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
-# resnet_main.py's default, for horovodrun too: it imports TensorFlow, whose
-# start-up INFO lines would open every Horovod job's output.
+# resnet_main.py's default (tf_resnet/native_log.py), for horovodrun too: it
+# imports TensorFlow, whose start-up INFO lines would open every Horovod
+# job's output.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 DATA_ROOT=${DATA_ROOT:-$HOME/data}
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"

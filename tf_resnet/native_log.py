@@ -1,16 +1,18 @@
-"""Keeps TensorFlow's native INFO chatter off a training process's stderr.
+"""Keeps TensorFlow's native log chatter off a training process's stderr.
 
-TensorFlow's gRPC servers and cluster services log through absl's C++
-logging, which ignores `TF_CPP_MIN_LOG_LEVEL`: each server prints absl's
-warning that its logging is uninitialised and a start line, and each
-connection of a parameter-server coordinator makes every server dump its
-whole session config (about 20 lines). Python cannot reach absl's C++
-threshold, so `filter_stderr` sends the process's stderr (file descriptor
-2, which C++ writes to) through a small filter process that drops exactly
-those INFO lines (`QUIET_FILES`, with a dump's continuation lines) and
-passes every other line as it comes. It drops the few warnings that every
-distributed run prints and that ask nothing of a user
-(`HARMLESS_WARNINGS`) too.
+TensorFlow's C++ logs partly through absl's logging, which ignores
+`TF_CPP_MIN_LOG_LEVEL`: a gRPC server prints absl's warning that its
+logging is uninitialised and a start line; each connection of a
+parameter-server coordinator makes every server dump its whole session
+config (about 20 lines); from TensorFlow 2.21 every import prints its
+oneDNN notice this way. Python cannot reach absl's C++ threshold, so
+`filter_stderr` sends the process's stderr (file descriptor 2, which C++
+writes to) through a small filter process that applies
+`TF_CPP_MIN_LOG_LEVEL` to those lines (absl's C++ lines, with a dump's
+continuation lines) and passes every other line as it comes. It drops the
+few warnings that every run of a kind prints and that ask nothing of a
+user (`HARMLESS`) too. Python's lines (ours, TensorFlow's, Keras') and
+anything not in these formats pass untouched.
 
 The filter is a process of its own, not a thread, so that nothing is lost
 when the training process dies abruptly (a C++ check failure writes its
@@ -30,66 +32,105 @@ import signal
 import subprocess
 import sys
 
-# C++ files whose INFO lines carry nothing for a user: the gRPC server's
-# start, the eager service's session config on each connection, the
-# coordination agent's "connected".
-QUIET_FILES = (
-    "grpc_server_lib.cc",
-    "eager_service_impl.cc",
-    "coordination_service_agent.cc",
+# Warnings every run of a kind prints that ask nothing of a user.
+HARMLESS = (
+    # tf.distribute's multi-device iterator feeds replicas through a
+    # generator dataset, whose input tf.data cannot rewrite (every
+    # distributed mode; tensorflow/tensorflow#61816, ray#25141).
+    b"Input of GeneratorDatasetOp::Dataset will not be optimized because",
+    # Ray Train 2.60's own actor, on every run (ray-project/ray#53727).
+    b"Actor with class name: 'PreemptionWatcher' and ID:",
 )
-# absl's own line, once per process that logs from C++ before absl's
-# logging is initialised (TensorFlow never initialises it).
+# absl's line, once per process that logs from C++ before absl's logging is
+# initialised (TensorFlow never initialises it).
 ABSL_UNINITIALISED = (
     b"WARNING: All log messages before absl::InitializeLog() is called"
     b" are written to STDERR"
 )
-# TensorFlow warnings that every run of a distributed mode prints and that
-# ask nothing of a user: tf.distribute's multi-device iterator feeds
-# replicas through a generator dataset, whose input tf.data cannot rewrite
-# (tensorflow/tensorflow#61816; Ray Train prints it too, ray#25141).
-HARMLESS_WARNINGS = (
-    b"Input of GeneratorDatasetOp::Dataset will not be optimized because",
+_SEVERITIES = b"IWEF"  # By TF_CPP_MIN_LOG_LEVEL's numbers: 0 1 2 3.
+# absl's C++ line: `I1125 18:15:23.161704     525 file.cc:464] text`;
+# Python's absl lines name a `.py` file and pass.
+_ABSL_NATIVE = re.compile(
+    rb"^([IWEF])\d{4} [\d:.]+ +\d+ [\w.]+\.(?:cc|h):\d+\] "
 )
-# An absl INFO line: `I1125 18:15:23.161704     525 file.cc:464] text`.
-_INFO = re.compile(rb"^I\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] ")
-# A TensorFlow warning: `2026-11-25 18:15:26.758605: W path/file.cc:993] `.
-_WARNING = re.compile(rb"^[\d-]+ [\d:.]+: W [\w/.]+:\d+\] ")
+# The other formats, whose level their writers already chose: TensorFlow's
+# own logging (`2026-11-25 18:15:26.758605: W path/file.cc:993] `) and
+# Ray's (`[2026-11-25 18:30:33,824 E 591 621] file.cc:2465: `).
+_OTHER_NATIVE = re.compile(
+    rb"^(?:[\d-]+ [\d:.]+: [IWEF] [\w/.]+:\d+\] "
+    rb"|\[[\d-]+ [\d:,]+ [IWEF] \d+ \d+\] [\w.]+:\d+: )"
+)
+# Ray's driver marks each line of an actor: `(RayTrainWorker pid=679) `,
+# coloured on a terminal.
+_RAY_ACTOR = re.compile(rb"^(?:\x1b\[\d+m)?\(\w+ pid=\d+[^)]*\)(?:\x1b\[0m)? ")
 # A line of a text proto: `key: value`, `name {`, `}`.
 _PROTO = re.compile(rb"^ *(\w+: .*|\w+ \{|\})$")
+# The second line of TensorFlow's CPU-feature notice.
+_NOTICE_TAIL = b"To enable the following instructions:"
 
 
-def quiet(line):
-    """Whether a line (bytes, without its newline) is one to drop."""
-    if line == ABSL_UNINITIALISED:
-        return True
-    warning = _WARNING.match(line)
-    if warning:
-        return line[warning.end() :].startswith(HARMLESS_WARNINGS)
-    match = _INFO.match(line)
-    return bool(match) and match.group(1).decode() in QUIET_FILES
+# What TensorFlow's `TF_CPP_MIN_LOG_LEVEL` is here unless a user sets it:
+# warnings and errors, no INFO.
+DEFAULT_MIN_LEVEL = "1"
 
 
-def filter_lines(lines, write):
-    """Writes each line of `lines` that `quiet` keeps, and a dump's tail.
+def default_level():
+    """Sets `TF_CPP_MIN_LOG_LEVEL` to `DEFAULT_MIN_LEVEL` unless it is set.
+
+    Before TensorFlow is imported: its own logging reads it then.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", DEFAULT_MIN_LEVEL)
+
+
+def min_level():
+    """`TF_CPP_MIN_LOG_LEVEL` as TensorFlow reads it (0 when unset)."""
+    value = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")
+    return int(value) if value.isdigit() else 0
+
+
+def quiet(line, level):
+    """Whether `line` (bytes, no newline) is one to drop at `level`."""
+    actor = _RAY_ACTOR.match(line)
+    body = line[actor.end() :] if actor else line
+    if body == ABSL_UNINITIALISED:
+        return level >= 1
+    native = _ABSL_NATIVE.match(body)
+    if native:
+        if _SEVERITIES.index(native.group(1)) < level:
+            return True
+        return body[native.end() :].startswith(HARMLESS)
+    other = _OTHER_NATIVE.match(body)
+    return bool(other) and body[other.end() :].startswith(HARMLESS)
+
+
+def filter_lines(lines, write, level):
+    """Writes each line of `lines` that `quiet` keeps at `level`.
 
     A dropped line that opens a text proto (`SessionOptions: ... {`) drops
     the proto's lines after it, up to and including the blank line that
     ends the dump; the first line that is not a proto's ends that early and
-    is written (a traceback right after a dump is never lost).
+    is written (a traceback right after a dump is never lost). A dropped
+    CPU-feature notice takes its second line with it.
     """
-    in_dump = False
+    in_dump = after_notice = False
     for line in lines:
         text = line.rstrip(b"\r\n")
+        actor = _RAY_ACTOR.match(text)
+        body = text[actor.end() :] if actor else text
         if in_dump:
-            if not text:
+            if not body:
                 in_dump = False
                 continue
-            if _PROTO.match(text):
+            if _PROTO.match(body):
                 continue
             in_dump = False
-        if quiet(text):
-            in_dump = text.endswith(b"{")
+        if after_notice:
+            after_notice = False
+            if body.startswith(_NOTICE_TAIL):
+                continue
+        if quiet(text, level):
+            in_dump = body.endswith(b"{")
+            after_notice = True
             continue
         write(line)
 
@@ -103,7 +144,7 @@ def _run_filter():
         out.write(line)
         out.flush()
 
-    filter_lines(iter(sys.stdin.buffer.readline, b""), write)
+    filter_lines(iter(sys.stdin.buffer.readline, b""), write, min_level())
 
 
 _filter = None
@@ -119,6 +160,7 @@ def filter_stderr():
     global _filter
     if _filter is not None:
         return
+    default_level()
     sys.stderr.flush()
     original = os.dup(2)
     read, write = os.pipe()

@@ -51,7 +51,7 @@ import sys
 import threading
 import time
 
-from tf_resnet import engines
+from tf_resnet import engines, native_log
 from tf_resnet.launch import cli, multi_worker, processes
 
 log = cli.logger("launch.ray")
@@ -411,6 +411,8 @@ def connect(ray, address):
 def main(argv=None):
     """Connects to the Ray cluster, trains; returns the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # Ray prints its actors' lines here: TensorFlow's import notices in each.
+    native_log.filter_stderr()
     modules = import_ray()
     if modules is None:
         return 2
