@@ -9,10 +9,10 @@ oneDNN notice this way. Python cannot reach absl's C++ threshold, so
 `filter_stderr` sends the process's stderr (file descriptor 2, which C++
 writes to) through a small filter process that applies
 `TF_CPP_MIN_LOG_LEVEL` to those lines (absl's C++ lines, with a dump's
-continuation lines) and passes every other line as it comes. It drops the
-few warnings that every run of a kind prints and that ask nothing of a
-user (`HARMLESS`) too. Python's lines (ours, TensorFlow's, Keras') and
-anything not in these formats pass untouched.
+continuation lines) and passes every other line as it comes. From level 1
+on it drops the few warnings that every run of a kind prints and that ask
+nothing of a user (`HARMLESS`) too. Python's lines (ours, TensorFlow's,
+Keras') and anything not in these formats pass untouched.
 
 The filter is a process of its own, not a thread, so that nothing is lost
 when the training process dies abruptly (a C++ check failure writes its
@@ -90,10 +90,12 @@ def min_level():
 
 def quiet(line, level):
     """Whether `line` (bytes, no newline) is one to drop at `level`."""
+    if level < 1:  # TensorFlow's default: everything shows.
+        return False
     actor = _RAY_ACTOR.match(line)
     body = line[actor.end() :] if actor else line
     if body == ABSL_UNINITIALISED:
-        return level >= 1
+        return True
     native = _ABSL_NATIVE.match(body)
     if native:
         if _SEVERITIES.index(native.group(1)) < level:
