@@ -554,6 +554,8 @@ train_async() {
   fi
   # The servers serve until killed; the scheduler also ends any task of the
   # job that is left when this script exits.
+  log "stopping the ps and worker servers; they serve until killed, so" \
+    "the launcher reports them killed"
   kill "${SERVERS[@]}" 2>/dev/null || true
   wait "${SERVERS[@]}" 2>/dev/null || true
   log "coordinator exited with code $code"
