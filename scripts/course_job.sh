@@ -558,7 +558,11 @@ train_async() {
     "the launcher reports them killed"
   kill "${SERVERS[@]}" 2>/dev/null || true
   wait "${SERVERS[@]}" 2>/dev/null || true
-  log "coordinator exited with code $code"
+  if ((code)); then
+    log "error: the coordinator exited with code $code: $(exit_cause "$code")"
+  else
+    log "coordinator exited with code 0"
+  fi
   return "$code"
 }
 

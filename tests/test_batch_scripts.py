@@ -426,4 +426,9 @@ def test_async_job_ends_when_a_worker_is_lost(tmp_path, cifar100):
     )  # fmt: skip
     assert code != 0, text[-4000:]
     assert "a server task exited; stopping the coordinator" in text
+    # The job's last line is its cause.
+    assert re.search(
+        r"course_job: error: the coordinator exited with code \d+: ",
+        text.strip().splitlines()[-1],
+    ), text[-4000:]
     assert "processes left after the job" not in text
