@@ -9,7 +9,9 @@
 #   ./setup.sh env    # set up only; the environment is linked at ./.venv
 #
 # TF_RESNET_REQUIREMENTS=requirements-latest.txt selects the newest
-# TensorFlow without Horovod (its own cached virtualenv).
+# TensorFlow without Horovod (its own cached virtualenv);
+# TF_RESNET_REQUIREMENTS=requirements-gpu.txt the GPU set: CUDA and NCCL
+# from PyPI, Horovod built with NCCL by a system CUDA's nvcc (find_cuda).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -191,7 +193,7 @@ build_horovod_wheel() {
   log "building horovod $HOROVOD_VERSION ($flavour) against $TF_PIN (a few minutes)"
   local options=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
-  if [ "$flavour" = mpi-gloo ]; then options+=(HOROVOD_WITH_MPI=1)
+  if [[ "$flavour" == mpi-* ]]; then options+=(HOROVOD_WITH_MPI=1)
   else options+=(HOROVOD_WITHOUT_MPI=1); fi
   if [[ "$flavour" == *nccl ]]; then
     local nccl line
