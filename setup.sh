@@ -140,8 +140,8 @@ find_cuda() {
   fi
   if [ -z "$dir" ]; then
     log "no CUDA compiler: PyPI's CUDA 12 wheels hold none (nvidia-cuda-nvcc-cu12" \
-      "ships ptxas only), so horovod is built without NCCL; it then reduces GPU" \
-      "tensors through host memory. For NCCL: module load cuda (12.x) or" \
+      "ships ptxas only), so a horovod built now has no NCCL operations (it then" \
+      "reduces GPU tensors through host memory). For NCCL: module load cuda (12.x) or" \
       "CUDA_HOME=<a CUDA 12 toolkit>, then ./setup.sh env again (it rebuilds horovod)."
     return 0
   fi
