@@ -97,6 +97,15 @@ gains() {  # gains NEW OLD PART: NEW has PART and OLD has not.
   [[ "$1" == *"$3"* && "$2" != *"$3"* ]]
 }
 
+upgrades() {  # upgrades NEW OLD: NEW adds MPI or NCCL to OLD, drops neither.
+  local part adds=""
+  for part in mpi nccl; do
+    if gains "$2" "$1" "$part"; then return 1; fi
+    if gains "$1" "$2" "$part"; then adds=1; fi
+  done
+  [ -n "$adds" ]
+}
+
 skip_horovod() {
   log "horovod not built: $1; $2, then run ./setup.sh env again." \
     "Every engine but horovod works without it (averaging on multi_worker too)."
@@ -229,13 +238,11 @@ install_horovod() {
   [ -f "$VENV/.horovod" ] && installed=$(<"$VENV/.horovod")
   # Built with MPI (NCCL) once an MPI (a CUDA) is there; never rebuilt
   # without it (a module not loaded this time).
-  if [ -n "$installed" ] && ! gains "$flavour" "$installed" mpi &&
-    ! gains "$flavour" "$installed" nccl; then
-    return
-  fi
+  if [ -n "$installed" ] && ! upgrades "$flavour" "$installed"; then return; fi
   local wheels=$CACHE/wheels/horovod-$HOROVOD_VERSION-$flavour-${TF_PIN//[^A-Za-z0-9.]/_}
-  # An NCCL build's rpath names this virtualenv's NCCL wheel.
-  [[ "$flavour" == *nccl ]] && wheels+=-$(echo "$VENV" | sha256sum | cut -c1-8)
+  if [[ "$flavour" == *nccl ]]; then  # Its rpath names this virtualenv.
+    wheels+=-$(echo "$VENV" | sha256sum | cut -c1-8)
+  fi
   if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     build_tools_ready || return 0
     build_horovod_wheel "$wheels" "$flavour"
