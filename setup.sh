@@ -9,7 +9,9 @@
 #   ./setup.sh env    # set up only; the environment is linked at ./.venv
 #
 # TF_RESNET_REQUIREMENTS=requirements-latest.txt selects the newest
-# TensorFlow without Horovod (its own cached virtualenv).
+# TensorFlow without Horovod (its own cached virtualenv);
+# TF_RESNET_REQUIREMENTS=requirements-gpu.txt the GPU set: CUDA and NCCL
+# from PyPI, Horovod built with NCCL by a system CUDA's nvcc (find_cuda).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -91,6 +93,19 @@ build_tools_ready() {
   fi
 }
 
+gains() {  # gains NEW OLD PART: NEW has PART and OLD has not.
+  [[ "$1" == *"$3"* && "$2" != *"$3"* ]]
+}
+
+upgrades() {  # upgrades NEW OLD: NEW adds MPI or NCCL to OLD, drops neither.
+  local part adds=""
+  for part in mpi nccl; do
+    if gains "$2" "$1" "$part"; then return 1; fi
+    if gains "$1" "$2" "$part"; then adds=1; fi
+  done
+  [ -n "$adds" ]
+}
+
 skip_horovod() {
   log "horovod not built: $1; $2, then run ./setup.sh env again." \
     "Every engine but horovod works without it (averaging on multi_worker too)."
@@ -99,7 +114,87 @@ skip_horovod() {
 horovod_flavour() {
   # Horovod with MPI and Gloo where an MPI compiler is on PATH, so that
   # mpirun and srun --mpi start its ranks as well as horovodrun; else Gloo.
-  if mpicxx --version >/dev/null 2>&1; then echo mpi-gloo; else echo gloo; fi
+  # A GPU set adds NCCL (-nccl) where a CUDA compiler is found (cuda_home).
+  local flavour=gloo
+  if mpicxx --version >/dev/null 2>&1; then flavour=mpi-gloo; fi
+  if [[ "$TF_PIN" == *and-cuda* ]] && [ -n "$CUDA_FOR_HOROVOD" ]; then
+    flavour+=-nccl
+  fi
+  echo "$flavour"
+}
+
+# GPU sets only: the CUDA toolkit whose nvcc compiles Horovod's kernels.
+# PyPI's CUDA 12 wheels (what tensorflow[and-cuda] installs) hold the
+# runtime, the libraries and NCCL but no nvcc (nvidia-cuda-nvcc-cu12 ships
+# only ptxas), so this is a system CUDA: HOROVOD_CUDA_HOME, CUDA_HOME or
+# CUDA_PATH (what `module load cuda` sets), else the nvcc on PATH. Sets
+# CUDA_FOR_HOROVOD (empty: none) and says which it found.
+CUDA_FOR_HOROVOD=""
+find_cuda() {
+  [[ "$TF_PIN" == *and-cuda* ]] || return 0
+  local dir="" source="" var nvcc
+  for var in HOROVOD_CUDA_HOME CUDA_HOME CUDA_PATH; do
+    if [ -n "${!var:-}" ]; then dir=${!var} source=$var; break; fi
+  done
+  if [ -n "$dir" ] && [ ! -x "$dir/bin/nvcc" ]; then
+    echo "[setup] error: $source=$dir has no bin/nvcc; point it at a CUDA" \
+      "toolkit (or unset it)" >&2
+    exit 1
+  fi
+  if [ -z "$dir" ] && nvcc=$(command -v nvcc); then
+    # The toolkit nvcc runs from (a wrapper script on PATH runs another).
+    dir=$("$nvcc" --dryrun -x cu -c /dev/null -o /dev/null 2>&1 |
+      sed -n 's/^#\$ TOP=//p')
+    dir=$(cd "${dir:-$(dirname "$nvcc")/..}" && pwd -P) source="nvcc on PATH"
+  fi
+  if [ -z "$dir" ]; then
+    log "no CUDA compiler: PyPI's CUDA 12 wheels hold none (nvidia-cuda-nvcc-cu12" \
+      "ships ptxas only), so a horovod built now has no NCCL operations (it then" \
+      "reduces GPU tensors through host memory). For NCCL: module load cuda (12.x) or" \
+      "CUDA_HOME=<a CUDA 12 toolkit>, then ./setup.sh env again (it rebuilds horovod)."
+    return 0
+  fi
+  local version tf_version
+  version=$("$dir/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p')
+  tf_version=$("$VENV/bin/python" -c 'import tensorflow as tf
+print(tf.sysconfig.get_build_info()["cuda_version"])' 2>/dev/null)
+  log "CUDA for horovod's kernels: system CUDA $version at $dir ($source);" \
+    "NCCL: $(nccl_source); TensorFlow's CUDA: $tf_version (PyPI wheels)"
+  if [ "${version%%.*}" != "${tf_version%%.*}" ]; then
+    log "warning: CUDA $version is not TensorFlow's CUDA ${tf_version%%.*}: horovod's" \
+      "kernels then need the NVIDIA driver CUDA $version needs (CUDA 13: 580 or" \
+      "newer, GPUs of compute capability 7.5 or newer); module load a CUDA" \
+      "${tf_version%%.*} to match TensorFlow."
+  fi
+  CUDA_FOR_HOROVOD=$dir
+}
+
+nccl_source() {
+  if [ -n "${HOROVOD_NCCL_HOME:-}" ]; then echo "system NCCL at $HOROVOD_NCCL_HOME"
+  else echo "PyPI wheel nvidia-nccl-cu12 $(sed -n 's/^nvidia-nccl-cu12==//p' "$REQUIREMENTS")"; fi
+}
+
+nccl_build_options() {
+  # Prints Horovod's NCCL build options: a system NCCL (HOROVOD_NCCL_HOME,
+  # as a module sets it) as it is; else the nvidia-nccl-cu12 wheel's header
+  # and library, linked shared (the wheel has no static library, and no
+  # libnccl.so: a folder in the virtualenv holds that link). The rpath
+  # lets horovod find the wheel's libnccl.so.2 without LD_LIBRARY_PATH.
+  echo "HOROVOD_CUDA_HOME=$CUDA_FOR_HOROVOD"
+  [ -n "${HOROVOD_NCCL_HOME:-}" ] && return
+  local wheel
+  wheel=$("$VENV/bin/python" -c 'import os, nvidia.nccl
+print(os.path.dirname(nvidia.nccl.__file__))')
+  [ -f "$wheel/include/nccl.h" ] && [ -f "$wheel/lib/libnccl.so.2" ] || {
+    echo "[setup] error: $wheel has no include/nccl.h or lib/libnccl.so.2" >&2
+    return 1
+  }
+  mkdir -p "$VENV/nccl-link"
+  ln -sfn "$wheel/lib/libnccl.so.2" "$VENV/nccl-link/libnccl.so"
+  echo "HOROVOD_NCCL_INCLUDE=$wheel/include"
+  echo "HOROVOD_NCCL_LIB=$VENV/nccl-link"
+  echo HOROVOD_NCCL_LINK=SHARED
+  echo "LDFLAGS=-Wl,-rpath,$wheel/lib ${LDFLAGS:-}"
 }
 
 build_horovod_wheel() {
@@ -107,16 +202,29 @@ build_horovod_wheel() {
   log "building horovod $HOROVOD_VERSION ($flavour) against $TF_PIN (a few minutes)"
   local options=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
-  if [ "$flavour" = mpi-gloo ]; then options+=(HOROVOD_WITH_MPI=1)
+  if [[ "$flavour" == mpi-* ]]; then options+=(HOROVOD_WITH_MPI=1)
   else options+=(HOROVOD_WITHOUT_MPI=1); fi
-  if [[ "$TF_PIN" == *and-cuda* ]]; then options+=(HOROVOD_GPU_OPERATIONS=NCCL); fi
+  if [[ "$flavour" == *nccl ]]; then
+    local nccl line
+    nccl=$(nccl_build_options)
+    while read -r line; do options+=("$line"); done <<<"$nccl"
+    options+=(HOROVOD_GPU_OPERATIONS=NCCL)
+  fi
   rm -rf "$wheels.tmp" && mkdir -p "$wheels.tmp"
   # --no-cache-dir: pip caches built wheels by version only, so a horovod
-  # wheel built against another TensorFlow would be reused silently.
-  env "${options[@]}" PATH="$VENV/bin:$PATH" MAKEFLAGS="-j$(nproc)" \
-    "$VENV/bin/pip" wheel -q --no-cache-dir --no-build-isolation --no-deps \
-    -w "$wheels.tmp" "horovod==$HOROVOD_VERSION"
+  # wheel built against another TensorFlow would be reused silently. The
+  # build's log (CMake's lines: which CUDA, which NCCL) stays beside it.
+  local build_log=$wheels.tmp/build.log
+  if ! env "${options[@]}" PATH="$VENV/bin:$PATH" MAKEFLAGS="-j$(nproc)" \
+    "$VENV/bin/pip" wheel -v --no-cache-dir --no-build-isolation --no-deps \
+    -w "$wheels.tmp" "horovod==$HOROVOD_VERSION" >"$build_log" 2>&1; then
+    tail -n 30 "$build_log" >&2
+    log "horovod's build failed: the whole log is $build_log"
+    return 1
+  fi
+  if [[ "$flavour" == *nccl ]]; then log "$(grep -m1 -o 'Found NCCL (.*' "$build_log")"; fi
   rm -rf "$wheels" && mv "$wheels.tmp" "$wheels"
+  log "build log: $wheels/build.log"
 }
 
 install_horovod() {
@@ -125,18 +233,22 @@ install_horovod() {
   # module loaded) adds it.
   [ -n "$HOROVOD_VERSION" ] || return 0  # A requirement set without Horovod.
   local flavour installed=""
+  find_cuda
   flavour=$(horovod_flavour)
   [ -f "$VENV/.horovod" ] && installed=$(<"$VENV/.horovod")
-  # Built with MPI once an MPI is there; never rebuilt without it (an MPI
-  # module not loaded this time).
-  [ -n "$installed" ] && { [ "$installed" = "$flavour" ] || [ "$flavour" = gloo ]; } && return
+  # Built with MPI (NCCL) once an MPI (a CUDA) is there; never rebuilt
+  # without it (a module not loaded this time).
+  if [ -n "$installed" ] && ! upgrades "$flavour" "$installed"; then return; fi
   local wheels=$CACHE/wheels/horovod-$HOROVOD_VERSION-$flavour-${TF_PIN//[^A-Za-z0-9.]/_}
+  if [[ "$flavour" == *nccl ]]; then  # Its rpath names this virtualenv.
+    wheels+=-$(echo "$VENV" | sha256sum | cut -c1-8)
+  fi
   if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     build_tools_ready || return 0
     build_horovod_wheel "$wheels" "$flavour"
   fi
   "$VENV/bin/pip" install -q --find-links "$wheels" -r "$REQUIREMENTS"
-  if [ -n "$installed" ]; then  # The Gloo-only build, replaced.
+  if [ -n "$installed" ]; then  # The build without MPI or NCCL, replaced.
     "$VENV/bin/pip" install -q --force-reinstall --no-deps --find-links "$wheels" \
       "horovod==$HOROVOD_VERSION"
   fi

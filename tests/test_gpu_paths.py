@@ -1,7 +1,10 @@
 """The GPU paths, as far as a machine without GPUs can check them.
 
 * The GPU requirement set resolves against the package index (pip's own
-  resolver, `--dry-run`), and pins what the pinned set pins.
+  resolver, `--dry-run`), pins what the pinned set pins, and the NCCL
+  wheel Horovod's NCCL build uses at the version TensorFlow's extra pins.
+  The install itself (several GB) is `scripts/check_gpu_install.sh`, run
+  by hand, never in CI.
 * `scripts/gpu_check.sh`, which users run on their GPUs, runs here on two
   logical CPU devices and passes its own comparison.
 
@@ -11,6 +14,7 @@ through the project's optimizer builder is `tests/test_performance_flags.py`.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -48,15 +52,27 @@ def test_the_gpu_requirement_set_resolves(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(report) as stream:
-        resolved = {
-            item["metadata"]["name"].lower(): item["metadata"]["version"]
-            for item in json.load(stream)["install"]
-        }
+        metadata = [item["metadata"] for item in json.load(stream)["install"]]
+    resolved = {item["name"].lower(): item["version"] for item in metadata}
     assert resolved["tensorflow"] == PINNED["tensorflow-cpu"]
     assert "nvidia-cudnn-cu12" in resolved  # The [and-cuda] extra.
     for name, version in PINNED.items():
         if name not in ("tensorflow-cpu", "horovod"):
             assert resolved[name.lower()] == version, name
+    # setup.sh builds Horovod's NCCL operations against the NCCL wheel the
+    # set pins: the one TensorFlow's [and-cuda] extra pins.
+    (tensorflow,) = [m for m in metadata if m["name"].lower() == "tensorflow"]
+    and_cuda = dict(
+        re.findall(
+            r"^(nvidia-[\w-]+) ?==([\w.]+) ; extra == .and-cuda.",
+            "\n".join(tensorflow["requires_dist"]),
+            re.M,
+        )
+    )
+    nvidia = {name: v for name, v in gpu.items() if name.startswith("nvidia-")}
+    assert "nvidia-nccl-cu12" in nvidia
+    for name, version in nvidia.items():
+        assert version == and_cuda[name] == resolved[name], name
 
 
 def test_gpu_check_runs_and_passes_without_gpus(tmp_path):
