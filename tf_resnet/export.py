@@ -18,7 +18,10 @@ writes to `export_dir`:
   the training data carried, else the indices);
 * `export.json`: what was exported (model, dataset, step, test accuracy,
   input size, normalisation, TTA, EMA) and the CIFAR record layout
-  `tf_resnet.predict` reads record files with.
+  `tf_resnet.predict` reads record files with;
+* with `--litert=float|int8`, `model.tflite`: the same graph for LiteRT
+  (`tf_resnet.litert`), evaluated beside the SavedModel on the run's
+  evaluation split, its facts under `litert` in `export.json`.
 
 Preprocessing order. The graph applies the evaluation pipeline's own
 `preprocessing.finish_batch`: uint8 -> float32, normalise, then resize to
@@ -81,17 +84,18 @@ def export(config, export_dir, checkpoint=None):
 
     Raises:
       UserInputError: no or an unreadable checkpoint, one of another model,
-        or an `export_dir` holding other files.
+        or an `export_dir` holding other files; with `--litert`, data that
+        cannot be read, or an int8 model that is not fully integer.
       StorageError: `export_dir` cannot be written.
     """
     log_root = config.run.log_root
     path = checkpoint_path(log_root, checkpoint)
     _check_export_dir(export_dir)
+    litert_inputs = _litert_inputs(config)
     info = model_info(config)
     model = restore_float32(config, info, path)
     step = checkpoint_step(path)
     metadata = _metadata(config, info, path, step)
-    litert_inputs = _litert_inputs(config)
     try:
         _write_atomically(
             export_dir,

@@ -16,7 +16,9 @@ reader), and the uint8 input is taken as it is (scale 1, zero point 0).
 The converter, asked for int8 kernels only, still leaves an op it cannot
 quantise in float32 without a word, so the converted model is checked and
 such ops are an error that names them: a fully-integer model is what int8
-targets (microcontrollers, NPUs) can run at all.
+targets (microcontrollers, NPUs) can run at all. TensorFlow 2.18's
+converter has no int8 SQRT and DIV, which the per-image standardisation
+(`--normalization=per_image`) needs; 2.21's has.
 
 The converter reads a SavedModel (`TFLiteConverter.from_saved_model`;
 `from_keras_model` fails on Keras 3 models), written for it to a temporary
@@ -41,7 +43,9 @@ LITERT_FILE = "model.tflite"
 # "A few hundred" images: the post-training quantisation guide's advice.
 CALIBRATION_IMAGES = 300
 _SIGNATURE = "serving_default"
-_EDGE_OPS = ("QUANTIZE", "DEQUANTIZE")
+# (De)quantising at the edges, and the nodes of a delegate (XNNPACK), whose
+# ops are listed on their own too.
+_NOT_COMPUTING = ("QUANTIZE", "DEQUANTIZE", "DELEGATE")
 _EVAL_BATCH = 100
 
 
@@ -169,7 +173,7 @@ def float_ops(flatbuffer):
     names = []
     # The op list has no public accessor; this one exists since TF 2.5.
     for op in interpreter._get_ops_details():
-        if op["op_name"] in _EDGE_OPS:
+        if op["op_name"] in _NOT_COMPUTING:
             continue
         tensors = [*op["inputs"], *op["outputs"]]
         if any(dtypes.get(t) == np.float32 for t in tensors if t >= 0):
@@ -184,10 +188,10 @@ def _check_fully_integer(flatbuffer, normalization):
     hint = "export --litert=float"
     if normalization == "per_image":
         hint = (
-            "the per-image standardisation of --normalization=per_image "
-            "(its SQRT and DIV) has none, and what follows it stays in "
-            "float too: train with --normalization=dataset (as "
-            "--recipe=fast does), or " + hint
+            "this TensorFlow's converter has no int8 SQRT and DIV for the "
+            "per-image standardisation of --normalization=per_image, and "
+            "what follows them stays in float too: train with "
+            "--normalization=dataset (as --recipe=fast does), or " + hint
         )
     raise UserInputError(
         f"--litert=int8: {', '.join(dict.fromkeys(names))} would run in "
