@@ -3,6 +3,8 @@ r"""Classifies image files with an exported model (`--mode=export`).
   python -m tf_resnet.predict --model_dir=/tmp/resnet_export cat.jpg dog.png
   python -m tf_resnet.predict --model_dir=/tmp/resnet_export \
       --output=preds.csv cifar-10-batches-bin/test_batch.bin
+  python -m tf_resnet.predict --model_dir=/tmp/resnet_export \
+      --format=litert cat.jpg                     # model.tflite (--litert)
 
 Each file is a JPEG or PNG image (or BMP, GIF, WebP) of any size, grayscale,
 palette and RGBA images converted to RGB; or a file of CIFAR binary records
