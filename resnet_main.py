@@ -8,6 +8,7 @@
   python resnet_main.py --mode=eval --eval_once ...   # separate eval job
   python resnet_main.py --mode=export --log_root=/tmp/resnet_model \
       --export_dir=/tmp/resnet_export              # SavedModel, .keras
+  python resnet_main.py --mode=export ... --litert=int8   # + model.tflite
 
 TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
 """

@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from tests.exported import train_and_export
 from tests.helpers import load_data_script
 
 
@@ -19,3 +20,12 @@ def synthetic_cifar(tmp_path_factory):
         "eval": os.path.join(folder, "test_batch.bin"),
         "folder": folder,
     }
+
+
+@pytest.fixture(scope="session")
+def exported_run(synthetic_cifar, tmp_path_factory):
+    """`(log_root, export_dir)` of a 40-step run that tells images apart.
+
+    Shared by the predict and LiteRT tests: trained once per worker.
+    """
+    return train_and_export(synthetic_cifar, tmp_path_factory.mktemp("run40"))

@@ -1,9 +1,7 @@
 """python -m tf_resnet.predict: an exported model classifies files.
 
-One run trains 40 steps on the synthetic data (after 3 the BatchNorm
-moving statistics are still near their start and every image gets the
-same class, which would make comparing top-1 classes meaningless), with
-flip TTA and dataset normalisation, and is exported.
+The run is the shared `exported_run` (conftest.py): 40 steps on the
+synthetic data, with flip TTA and dataset normalisation, exported.
 """
 
 import csv
@@ -22,18 +20,8 @@ from tests.helpers import ROOT, load_data_script
 
 
 @pytest.fixture(scope="module")
-def export_dir(synthetic_cifar, tmp_path_factory):
-    root = tmp_path_factory.mktemp("predict")
-    log_root, export_dir = str(root / "run"), str(root / "export")
-    exported.train(
-        synthetic_cifar,
-        log_root,
-        ["--eval_tta=flip", "--normalization=dataset"],
-        steps=40,
-    )
-    proc = exported.export(log_root, export_dir)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return export_dir
+def export_dir(exported_run):
+    return exported_run[1]
 
 
 def log_root_of(export_dir):

@@ -18,7 +18,10 @@ writes to `export_dir`:
   the training data carried, else the indices);
 * `export.json`: what was exported (model, dataset, step, test accuracy,
   input size, normalisation, TTA, EMA) and the CIFAR record layout
-  `tf_resnet.predict` reads record files with.
+  `tf_resnet.predict` reads record files with;
+* with `--litert=float|int8`, `model.tflite`: the same graph for LiteRT
+  (`tf_resnet.litert`), evaluated beside the SavedModel on the run's
+  evaluation split, its facts under `litert` in `export.json`.
 
 Preprocessing order. The graph applies the evaluation pipeline's own
 `preprocessing.finish_batch`: uint8 -> float32, normalise, then resize to
@@ -47,7 +50,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import summaries
+from tf_resnet import litert, summaries
 from tf_resnet.builders import build_model, make_ema
 from tf_resnet.checkpointing import unreadable
 from tf_resnet.data import DATASETS, cifar_binary, preprocessing
@@ -81,12 +84,14 @@ def export(config, export_dir, checkpoint=None):
 
     Raises:
       UserInputError: no or an unreadable checkpoint, one of another model,
-        or an `export_dir` holding other files.
+        or an `export_dir` holding other files; with `--litert`, data that
+        cannot be read, or an int8 model that is not fully integer.
       StorageError: `export_dir` cannot be written.
     """
     log_root = config.run.log_root
     path = checkpoint_path(log_root, checkpoint)
     _check_export_dir(export_dir)
+    litert_inputs = _litert_inputs(config)
     info = model_info(config)
     model = restore_float32(config, info, path)
     step = checkpoint_step(path)
@@ -94,7 +99,9 @@ def export(config, export_dir, checkpoint=None):
     try:
         _write_atomically(
             export_dir,
-            lambda folder: _write_files(folder, model, config, info, metadata),
+            lambda folder: _write_files(
+                folder, model, config, info, metadata, litert_inputs
+            ),
         )
     except OSError as error:
         raise StorageError(
@@ -303,17 +310,43 @@ def _metadata(config, info, path, step):
     }
 
 
-def _write_files(folder, model, config, info, metadata):
+def _litert_inputs(config):
+    """What `--litert` reads before anything is written: its data.
+
+    The int8 model's calibration images, and the images of the run's
+    evaluation split the `.tflite` is evaluated on beside the SavedModel
+    (`None` when the run names no evaluation data).
+    """
+    kind = config.run.litert
+    if not kind:
+        return None
+    calibration = litert.calibration_images(config) if kind == "int8" else None
+    evaluation = None
+    if config.data.split_path(False):
+        evaluation = litert.read_split(config, False)
+    else:
+        logging.info("no --eval_data_path: the .tflite is not evaluated")
+    return types.SimpleNamespace(
+        kind=kind, calibration=calibration, evaluation=evaluation
+    )
+
+
+def _write_files(folder, model, config, info, metadata, litert_inputs=None):
     archive = keras.export.ExportArchive()
     archive.track(model)
+    serve = serving_function(model, config, info.image_size)
     archive.add_endpoint(
         SIGNATURE,
-        serving_function(model, config, info.image_size),
+        serve,
         input_signature=[
             tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")
         ],
     )
     archive.write_out(folder, verbose=False)
+    if litert_inputs is not None:
+        metadata["litert"] = _write_litert(
+            folder, model, serve, config, litert_inputs
+        )
     model.save(os.path.join(folder, KERAS_FILE))
     names = info.class_names or [str(i) for i in range(info.num_classes)]
     with open(os.path.join(folder, LABELS_FILE), "w", encoding="utf-8") as f:
@@ -321,6 +354,27 @@ def _write_files(folder, model, config, info, metadata):
     with open(os.path.join(folder, EXPORT_JSON), "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=2)
         f.write("\n")
+
+
+def _write_litert(folder, model, serve, config, inputs):
+    """Converts, writes, evaluates `model.tflite`; its `export.json` facts."""
+    size = litert.input_size(config)
+    images = None if inputs.calibration is None else inputs.calibration[0]
+    flatbuffer = litert.convert(
+        model, serve, size, inputs.kind, images, config.data.normalization
+    )
+    facts = litert.write(
+        folder, inputs.kind, flatbuffer, size, inputs.calibration
+    )
+    facts["evaluation"] = None
+    if inputs.evaluation is not None:
+        images, labels, path = inputs.evaluation
+        facts["evaluation"] = litert.evaluate(
+            flatbuffer, folder, images, labels
+        )
+        facts["evaluation"]["path"] = path
+        print(litert.report(inputs.kind, facts["evaluation"], path), flush=True)
+    return facts
 
 
 def _check_export_dir(export_dir):

@@ -3,6 +3,8 @@ r"""Classifies image files with an exported model (`--mode=export`).
   python -m tf_resnet.predict --model_dir=/tmp/resnet_export cat.jpg dog.png
   python -m tf_resnet.predict --model_dir=/tmp/resnet_export \
       --output=preds.csv cifar-10-batches-bin/test_batch.bin
+  python -m tf_resnet.predict --model_dir=/tmp/resnet_export \
+      --format=litert cat.jpg                     # model.tflite (--litert)
 
 Each file is a JPEG or PNG image (or BMP, GIF, WebP) of any size, grayscale,
 palette and RGBA images converted to RGB; or a file of CIFAR binary records
@@ -16,6 +18,14 @@ classified, and the exit code is then 2.
 Only the export directory is read: the SavedModel, whose graph holds the
 preprocessing, `labels.txt` and `export.json`. Nothing of tf-resnet's
 training code is imported, so this runs wherever TensorFlow and Pillow do.
+
+`--format=litert` classifies with `model.tflite` instead (`--mode=export
+--litert=float|int8`), through the `ai-edge-litert` package's interpreter
+where it is installed, else TensorFlow's deprecated `tf.lite.Interpreter`
+(said once on stderr). Its input has the dataset's stored size, so an image
+of another size is resized to it (bilinear, rounded to uint8) before it is
+given to the model; the SavedModel normalises first, then resizes, so such
+images can get slightly other probabilities than with the SavedModel.
 """
 
 import argparse
@@ -75,6 +85,68 @@ class ExportedModel:
             self.serve(
                 images=tf.constant(pixels[start : start + RECORDS_PER_CALL])
             )["probabilities"].numpy()
+            for start in range(0, len(pixels), RECORDS_PER_CALL)
+        ]
+        return np.concatenate(chunks)
+
+
+def litert_interpreter():
+    """`(Interpreter class, its package)`: ai-edge-litert's, else TF's."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        return tf.lite.Interpreter, "tf.lite"
+    return Interpreter, "ai_edge_litert"
+
+
+class LiteRTModel:
+    """`model.tflite`, class names and facts of an export directory.
+
+    The same interface as `ExportedModel`.
+    """
+
+    def __init__(self, model_dir):
+        with open(
+            os.path.join(model_dir, "export.json"), encoding="utf-8"
+        ) as f:
+            self.info = json.load(f)
+        with open(os.path.join(model_dir, "labels.txt"), encoding="utf-8") as f:
+            self.class_names = [line.rstrip("\n") for line in f]
+        facts = self.info.get("litert")
+        if not facts:
+            raise ValueError(
+                "export.json lists no model.tflite; export with --litert=float "
+                "or --litert=int8"
+            )
+        path = os.path.join(model_dir, facts["file"])
+        interpreter_class, package = litert_interpreter()
+        if package != "ai_edge_litert":
+            print(
+                "predict: ai-edge-litert is not installed; using "
+                "tf.lite.Interpreter",
+                file=sys.stderr,
+            )
+        try:
+            interpreter = interpreter_class(model_path=path)
+            self.runner = interpreter.get_signature_runner(
+                self.info.get("signature", "serving_default")
+            )
+        except (RuntimeError, ValueError) as error:
+            raise ValueError(
+                f"{path}: not a readable LiteRT model "
+                f"({str(error).strip().splitlines()[0]})"
+            ) from error
+        self.size = facts["input"]["shape"][1]
+
+    def probabilities(self, pixels):
+        """Class probabilities `[N, classes]` of uint8 images `[N, H, W, 3]`."""
+        if pixels.shape[1:3] != (self.size, self.size):
+            resized = tf.image.resize(pixels, [self.size, self.size])
+            pixels = tf.cast(tf.round(resized), tf.uint8).numpy()
+        chunks = [
+            self.runner(images=pixels[start : start + RECORDS_PER_CALL])[
+                "probabilities"
+            ]
             for start in range(0, len(pixels), RECORDS_PER_CALL)
         ]
         return np.concatenate(chunks)
@@ -209,6 +281,9 @@ def write_csv(path, rows):
             writer.writerow(cells)
 
 
+FORMATS = {"saved_model": ExportedModel, "litert": LiteRTModel}
+
+
 def parse_args(argv):
     """The command line: `--model_dir`, `--output` and the files."""
     parser = argparse.ArgumentParser(
@@ -224,6 +299,12 @@ def parse_args(argv):
         "--output", help="also write the predictions to this CSV file"
     )
     parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="saved_model",
+        help="the SavedModel, or model.tflite of --mode=export --litert",
+    )
+    parser.add_argument(
         "files",
         nargs="+",
         metavar="FILE",
@@ -236,7 +317,7 @@ def main(argv=None):
     """Classifies the files; returns the exit code (2 if any was bad)."""
     args = parse_args(argv)
     try:
-        model = ExportedModel(args.model_dir)
+        model = FORMATS[args.format](args.model_dir)
     except (OSError, ValueError, KeyError) as error:
         print(
             f"predict: error: --model_dir={args.model_dir}: not a readable "

@@ -265,6 +265,14 @@ class RunConfig:
         "--mode=export: directory to write the SavedModel, model.keras, "
         "labels.txt and export.json to.",
     )
+    litert: str | None = setting(
+        None,
+        "--mode=export: also write model.tflite (LiteRT) beside the "
+        "SavedModel: float (float32 weights) or int8 (fully integer, "
+        "calibrated on training images; --train_data_path overrides the "
+        "run's).",
+        choices=("float", "int8"),
+    )
     checkpoint: str = setting(
         "",
         "--mode=export: checkpoint to export, e.g. LOG_ROOT/ckpt-2000 "

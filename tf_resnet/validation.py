@@ -27,7 +27,7 @@ def validate(config):
     model, dist = config.model, config.distribution
     if run.eval_once and run.mode != "eval":
         raise UserInputError("--eval_once only makes sense with --mode=eval")
-    for name in ("export_dir", "checkpoint"):
+    for name in ("export_dir", "checkpoint", "litert"):
         if getattr(run, name) and run.mode != "export":
             raise UserInputError(
                 f"--{name} only makes sense with --mode=export"
