@@ -64,16 +64,19 @@ class Images:
     labels: np.ndarray | None = None
 
 
+def _export_facts(model_dir):
+    """`(export.json's facts, the class names of labels.txt)` of an export."""
+    with open(os.path.join(model_dir, "export.json"), encoding="utf-8") as f:
+        info = json.load(f)
+    with open(os.path.join(model_dir, "labels.txt"), encoding="utf-8") as f:
+        return info, [line.rstrip("\n") for line in f]
+
+
 class ExportedModel:
     """The SavedModel, class names and facts of an export directory."""
 
     def __init__(self, model_dir):
-        with open(
-            os.path.join(model_dir, "export.json"), encoding="utf-8"
-        ) as f:
-            self.info = json.load(f)
-        with open(os.path.join(model_dir, "labels.txt"), encoding="utf-8") as f:
-            self.class_names = [line.rstrip("\n") for line in f]
+        self.info, self.class_names = _export_facts(model_dir)
         loaded = tf.saved_model.load(model_dir)
         self.serve = loaded.signatures[
             self.info.get("signature", "serving_default")
@@ -106,12 +109,7 @@ class LiteRTModel:
     """
 
     def __init__(self, model_dir):
-        with open(
-            os.path.join(model_dir, "export.json"), encoding="utf-8"
-        ) as f:
-            self.info = json.load(f)
-        with open(os.path.join(model_dir, "labels.txt"), encoding="utf-8") as f:
-            self.class_names = [line.rstrip("\n") for line in f]
+        self.info, self.class_names = _export_facts(model_dir)
         facts = self.info.get("litert")
         if not facts:
             raise ValueError(
