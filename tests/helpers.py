@@ -51,10 +51,14 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 
 # CI (.ci/run) runs the suite on both requirement sets. A multi-process
 # equivalence or engine run whose point is not the TensorFlow version runs
-# on one: the pinned set (requirements.txt, TensorFlow 2.18, which also
-# has Horovod); the engines on the newest TensorFlow keep their own tests
-# (Ray's cluster, the failure handling). `test_requirement_sets` makes
-# sure the pinned set never skips these.
+# on one: `on_one_set`, the pinned set (requirements.txt, TensorFlow 2.18,
+# which also has Horovod, whose runs share its one-process reference);
+# `on_newest_set`, the newest (requirements-latest.txt), for those of
+# multi_worker and the parameter server that share nothing with the
+# Horovod runs, so that each leg stays within its budget. The engines on
+# the newest TensorFlow keep their own tests too (Ray's cluster, the
+# failure handling). `test_requirement_sets` makes sure each set runs its
+# share.
 on_one_set = pytest.mark.skipif(
     not ON_PINNED_SET,
     reason=(
@@ -63,6 +67,16 @@ on_one_set = pytest.mark.skipif(
         f".ci/run runs it there); skipped on TensorFlow {tf.__version__} "
         "(e.g. the newest set, requirements-latest.txt): `./setup.sh test` "
         "with the default requirements.txt runs it"
+    ),
+)
+on_newest_set = pytest.mark.skipif(
+    ON_PINNED_SET,
+    reason=(
+        "multi-process equivalence or engine run: runs once, on the newest "
+        "set only (requirements-latest.txt; .ci/run runs it there); skipped "
+        f"on the pinned TensorFlow {PINNED_TENSORFLOW}: "
+        "`TF_RESNET_REQUIREMENTS=requirements-latest.txt ./setup.sh test` "
+        "runs it"
     ),
 )
 

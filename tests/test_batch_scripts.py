@@ -167,14 +167,18 @@ def run_job(script, scheduler, home, data_env, timeout=240, during=None):
     return code, text
 
 
-def _kill_session(pid):
+def _kill_session(pid, grace=5.0):
     """Kills what is left of the job's session; True if anything was.
 
-    A zombie is not left: it has exited, and only init's reaping of it is
-    pending (a training process's stderr filter, `tf_resnet.native_log`,
-    outlives a server that the job killed by a moment).
+    A process still ending `grace` seconds after the job is left; one that
+    ends within them is not: a training process's stderr filter
+    (`tf_resnet.native_log`) passes the last lines of a process killed by
+    the job, then exits. Nor is a zombie, which has exited and only waits
+    for init's reaping.
     """
-    left = _session_processes(pid)
+    deadline = time.monotonic() + grace
+    while (left := _session_processes(pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     for process in left:
         try:
             os.kill(process, signal.SIGKILL)

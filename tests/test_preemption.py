@@ -10,7 +10,8 @@ The multi_worker runs start their two workers themselves (in a
 loopback-only network namespace, as `tf_resnet.launch.multi_worker` does)
 to see each worker's exit code and log apart. The runs of one test start
 side by side: the CI machine has 2 cores, and start-up is most of a run.
-They run once, on the pinned set (`on_one_set`), as the Horovod ones do.
+They run once: the Horovod ones on the pinned set (`on_one_set`), the
+multi_worker ones on the newest (`on_newest_set`, for CI's budget).
 """
 
 import json
@@ -27,7 +28,12 @@ import numpy as np
 import pytest
 
 from tests import engine_runs
-from tests.helpers import ROOT, on_one_set, requires_horovod, resnet8_flags
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    requires_horovod,
+    resnet8_flags,
+)
 
 WORKER = engine_runs.WORKER
 STEPS = 60
@@ -216,7 +222,7 @@ def multi_worker_runs(synthetic_cifar, tmp_path_factory):
 
 
 @pytest.mark.slow
-@on_one_set
+@on_newest_set
 @pytest.mark.parametrize("signalled", ["one", "both"])
 def test_multi_worker_stops_at_one_step_and_resumes(
     multi_worker_runs, signalled
@@ -311,7 +317,7 @@ class Killed:
 
 
 @pytest.mark.slow
-@on_one_set
+@on_newest_set
 def test_the_launcher_names_a_killed_worker_and_a_rerun_resumes(
     multi_worker_runs,
 ):

@@ -3,7 +3,8 @@
 CI runs the suite on both (docs/usage.md, "Versions"). The Horovod tests
 skip only where Horovod cannot be installed, and the multi-process
 equivalences marked `on_one_set` only where TensorFlow is not the pinned
-set's (.ci/run); these checks keep those skips honest.
+set's, those marked `on_newest_set` only where it is (.ci/run); these
+checks keep those skips honest.
 """
 
 import os
@@ -12,7 +13,13 @@ import re
 import pytest
 import tensorflow as tf
 
-from tests.helpers import HAS_HOROVOD, PINNED_TENSORFLOW, ROOT, on_one_set
+from tests.helpers import (
+    HAS_HOROVOD,
+    PINNED_TENSORFLOW,
+    ROOT,
+    on_newest_set,
+    on_one_set,
+)
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
 from tf_resnet.settings import DistributionConfig
@@ -46,6 +53,9 @@ def test_one_set_tests_run_on_the_pinned_set_and_skip_on_the_newest():
     skipped = on_one_set.args[0]
     assert skipped == (tf.__version__ != PINNED_TENSORFLOW)
     assert "requirements-latest.txt" in on_one_set.kwargs["reason"]
+    # The newest set's share: exactly the other way round.
+    assert on_newest_set.args[0] == (tf.__version__ == PINNED_TENSORFLOW)
+    assert "requirements-latest.txt" in on_newest_set.kwargs["reason"]
 
 
 @pytest.mark.skipif(HAS_HOROVOD, reason="Horovod is installed here")
