@@ -37,7 +37,7 @@ from absl import logging
 from tf_resnet import data
 from tf_resnet.data import DATASETS, pipeline
 from tf_resnet.errors import DataError, UserInputError
-from tf_resnet.predict import litert_interpreter
+from tf_resnet.predict import in_batches, litert_interpreter
 
 LITERT_FILE = "model.tflite"
 # "A few hundred" images: the post-training quantisation guide's advice.
@@ -206,11 +206,8 @@ def probabilities(flatbuffer, images):
     runner = interpreter_class(model_content=flatbuffer).get_signature_runner(
         _SIGNATURE
     )
-    return np.concatenate(
-        [
-            runner(images=images[i : i + _EVAL_BATCH])["probabilities"]
-            for i in range(0, len(images), _EVAL_BATCH)
-        ]
+    return in_batches(
+        lambda chunk: runner(images=chunk)["probabilities"], images, _EVAL_BATCH
     )
 
 
@@ -223,13 +220,10 @@ def evaluate(flatbuffer, saved_model_dir, images, labels):
       class is the same in both).
     """
     serve = tf.saved_model.load(saved_model_dir).signatures[_SIGNATURE]
-    reference = np.concatenate(
-        [
-            serve(images=tf.constant(images[i : i + _EVAL_BATCH]))[
-                "probabilities"
-            ].numpy()
-            for i in range(0, len(images), _EVAL_BATCH)
-        ]
+    reference = in_batches(
+        lambda chunk: serve(images=tf.constant(chunk))["probabilities"].numpy(),
+        images,
+        _EVAL_BATCH,
     )
     converted = probabilities(flatbuffer, images)
 

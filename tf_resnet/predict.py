@@ -64,6 +64,16 @@ class Images:
     labels: np.ndarray | None = None
 
 
+def in_batches(classify, pixels, batch=RECORDS_PER_CALL):
+    """`classify`'s probabilities of `pixels`, `batch` images per call."""
+    return np.concatenate(
+        [
+            classify(pixels[start : start + batch])
+            for start in range(0, len(pixels), batch)
+        ]
+    )
+
+
 def _export_facts(model_dir):
     """`(export.json's facts, the class names of labels.txt)` of an export."""
     with open(os.path.join(model_dir, "export.json"), encoding="utf-8") as f:
@@ -84,13 +94,12 @@ class ExportedModel:
 
     def probabilities(self, pixels):
         """Class probabilities `[N, classes]` of uint8 images `[N, H, W, 3]`."""
-        chunks = [
-            self.serve(
-                images=tf.constant(pixels[start : start + RECORDS_PER_CALL])
-            )["probabilities"].numpy()
-            for start in range(0, len(pixels), RECORDS_PER_CALL)
-        ]
-        return np.concatenate(chunks)
+        return in_batches(
+            lambda chunk: self.serve(images=tf.constant(chunk))[
+                "probabilities"
+            ].numpy(),
+            pixels,
+        )
 
 
 def litert_interpreter():
@@ -141,13 +150,9 @@ class LiteRTModel:
         if pixels.shape[1:3] != (self.size, self.size):
             resized = tf.image.resize(pixels, [self.size, self.size])
             pixels = tf.cast(tf.round(resized), tf.uint8).numpy()
-        chunks = [
-            self.runner(images=pixels[start : start + RECORDS_PER_CALL])[
-                "probabilities"
-            ]
-            for start in range(0, len(pixels), RECORDS_PER_CALL)
-        ]
-        return np.concatenate(chunks)
+        return in_batches(
+            lambda chunk: self.runner(images=chunk)["probabilities"], pixels
+        )
 
 
 def read_image(path):
