@@ -88,12 +88,16 @@ def min_level():
     return int(value) if value.isdigit() else 0
 
 
-def quiet(line, level):
-    """Whether `line` (bytes, no newline) is one to drop at `level`."""
+def _body(line):
+    """`line` (bytes, no newline) without Ray's mark of an actor."""
+    actor = _RAY_ACTOR.match(line)
+    return line[actor.end() :] if actor else line
+
+
+def quiet(body, level):
+    """Whether a line's `_body` is one to drop at `level`."""
     if level < 1:  # TensorFlow's default: everything shows.
         return False
-    actor = _RAY_ACTOR.match(line)
-    body = line[actor.end() :] if actor else line
     if body == ABSL_UNINITIALISED:
         return True
     native = _ABSL_NATIVE.match(body)
@@ -116,9 +120,7 @@ def filter_lines(lines, write, level):
     """
     in_dump = after_notice = False
     for line in lines:
-        text = line.rstrip(b"\r\n")
-        actor = _RAY_ACTOR.match(text)
-        body = text[actor.end() :] if actor else text
+        body = _body(line.rstrip(b"\r\n"))
         if in_dump:
             if not body:
                 in_dump = False
@@ -130,7 +132,7 @@ def filter_lines(lines, write, level):
             after_notice = False
             if body.startswith(_NOTICE_TAIL):
                 continue
-        if quiet(text, level):
+        if quiet(body, level):
             in_dump = body.endswith(b"{")
             after_notice = True
             continue
