@@ -206,6 +206,17 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
             validation.validate(config)
 
 
+def test_synchronised_bn_is_refused_with_micro_batches():
+    config = settings.make_config(
+        sync_bn=True,
+        accumulate_steps=2,
+        train_data_path="x",
+        eval_data_path="y",
+    )
+    with pytest.raises(UserInputError, match="--sync_bn does not work with"):
+        validation.validate(config)
+
+
 def test_every_input_knob_is_a_data_setting_the_pipeline_is_given():
     knobs = {"normalization": "dataset", "cutout_size": 4, "mixup_alpha": 0.2}
     options = data.input_options(settings.make_config(**knobs), seed=3)

@@ -2,11 +2,12 @@
 
 Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
-batch, the learning rate after scaling and the dtype policy. Nothing is
-read, built or written. The numbers follow the modes' own definitions
-(`base.DistributionMode`: a step splits the global batch over every
-replica in sync; an update sums the gradients of `replicas_per_update`
-replicas), which `tests/test_dry_run.py` holds against real modes.
+batch (and its micro-batches), the learning rate after scaling and the
+dtype policy. Nothing is read, built or written. The numbers follow the
+modes' own definitions (`base.DistributionMode`: a step splits the global
+batch over every replica in sync; an update sums the gradients of
+`replicas_per_update` replicas), which `tests/test_dry_run.py` holds
+against real modes.
 """
 
 from tf_resnet import detect, engines, schedules
@@ -35,8 +36,9 @@ def report(config, started):
     """The lines `--dry_run` prints for this process.
 
     Raises:
-      UserInputError: a global batch the replicas cannot split, as making
-        the mode would.
+      UserInputError: a global batch the replicas (or a replica's batch
+        the micro-batches) cannot split, as making the mode and training
+        would.
     """
     dist, optim = config.distribution, config.optim
     in_sync, per_update, processes = replicas(config, started)
@@ -69,7 +71,8 @@ def report(config, started):
                 else f"{in_sync} in sync over {processes} process(es)"
             ),
             f"  batch: {replica_batch} per replica, {optim.batch_size} "
-            f"global, {update_batch} per update",
+            f"global, {update_batch} per update"
+            + schedules.micro_batches(replica_batch, optim.accumulate_steps),
             f"  learning rate: {optim.learning_rate:g} at batch "
             f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
             f"  dtype policy: {started.dtype_policy} "

@@ -125,6 +125,17 @@ class OptimConfig:
         "GLOBAL batch size: split over all replicas of all workers.",
         bounds=POSITIVE,
     )
+    accumulate_steps: int = setting(
+        1,
+        "Micro-batches of one update: each replica's batch is split into N, "
+        "run one after another within the step, and their gradients summed "
+        "before the one all-reduce and update. --batch_size stays the batch "
+        "of one update (schedule, epochs, learning rate unchanged); memory "
+        "is that of one micro-batch. BatchNorm normalises each micro-batch "
+        "with its own statistics and updates its moving statistics N times "
+        "per step.",
+        bounds=AT_LEAST_ONE,
+    )
     eval_batch_size: int = setting(
         0, "Evaluation batch per process (0: --batch_size)."
     )

@@ -56,6 +56,14 @@ def validate(config):
             f"{dist.distribution}: it synchronises tf.distribute replicas "
             "only (BN moving statistics are still averaged over ranks)"
         )
+    if model.sync_bn and optim.accumulate_steps > 1:
+        # Its all-reduce would sit in the loop over the micro-batches,
+        # which tf.distribute refuses (a merge_call in control flow).
+        raise UserInputError(
+            f"--sync_bn does not work with --accumulate_steps="
+            f"{optim.accumulate_steps}: synchronised BN would all-reduce "
+            "inside the loop over the micro-batches; drop one of them"
+        )
     # A model registered at run time (the tests') has no family here; its
     # builder checks its options.
     variant = model_families.VARIANTS.get(model.model)
