@@ -2,12 +2,12 @@
 
 Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
-batch (and its micro-batches), the learning rate after scaling and the
-dtype policy. Nothing is read, built or written. The numbers follow the
-modes' own definitions (`base.DistributionMode`: a step splits the global
-batch over every replica in sync; an update sums the gradients of
-`replicas_per_update` replicas), which `tests/test_dry_run.py` holds
-against real modes.
+batch (and its micro-batches), the learning rate after scaling, the dtype
+policy and the gradient all-reduce's knobs when set. Nothing is read,
+built or written. The numbers follow the modes' own definitions
+(`base.DistributionMode`: a step splits the global batch over every
+replica in sync; an update sums the gradients of `replicas_per_update`
+replicas), which `tests/test_dry_run.py` holds against real modes.
 """
 
 from tf_resnet import detect, engines, schedules
@@ -37,12 +37,13 @@ def report(config, started):
 
     Raises:
       UserInputError: a global batch the replicas (or a replica's batch
-        the micro-batches) cannot split, as making the mode and training
-        would.
+        the micro-batches) cannot split, or an all-reduce knob the engine
+        does not take, as making the mode and training would.
     """
     dist, optim = config.distribution, config.optim
     in_sync, per_update, processes = replicas(config, started)
     engine = _engine(started)
+    engines.check_settings(engine, dist)
     replica_batch = schedules.split_batch(
         optim.batch_size, in_sync, engine.name
     )
@@ -77,5 +78,16 @@ def report(config, started):
             f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
             f"  dtype policy: {started.dtype_policy} "
             f"(--dtype={config.runtime.dtype})",
+            *_all_reduce_knobs(dist),
         ]
     )
+
+
+def _all_reduce_knobs(dist):
+    """A line for the gradient all-reduce's knobs, when any is set."""
+    knobs = []
+    if dist.gradient_compression != engines.NO_COMPRESSION:
+        knobs.append(f"{dist.gradient_compression} on the wire")
+    if dist.all_reduce_pack_bytes:
+        knobs.append(f"packs of {dist.all_reduce_pack_bytes} bytes")
+    return [f"  gradient all-reduce: {', '.join(knobs)}"] if knobs else []

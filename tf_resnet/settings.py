@@ -355,6 +355,21 @@ class DistributionConfig:
         "the job; raise it if the first step compiles for longer).",
         bounds=POSITIVE,
     )
+    gradient_compression: str = setting(
+        engines.NO_COMPRESSION,
+        "fp16: gradients cast to float16 for the all-reduce and back after "
+        "it (Horovod's Compression.fp16): half the bytes, float16 rounding. "
+        "horovod, multi_worker and mirrored.",
+        choices=engines.GRADIENT_COMPRESSIONS,
+    )
+    all_reduce_pack_bytes: int = setting(
+        0,
+        "Bytes per pack (fused buffer) of the gradient all-reduce (0: the "
+        "engine's default). multi_worker: CommunicationOptions' "
+        "bytes_per_pack; horovod: HOROVOD_FUSION_THRESHOLD, unless that is "
+        "set in the environment.",
+        bounds=NON_NEGATIVE,
+    )
 
     def __post_init__(self):
         self.ps_hosts = tuple(self.ps_hosts)

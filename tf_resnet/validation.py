@@ -43,8 +43,8 @@ def validate(config):
             "overwrite the training run's; give it a directory of its own"
         )
     engine = engines.ENGINES.get(dist.distribution)
-    if engine and engine.check:
-        engine.check(dist)
+    if engine:
+        engines.check_settings(engine, dist)
     # Export reads the checkpoint and the saved plan, no data.
     if not dist.is_server_task and run.mode != "export":
         _check_data(data, run)
