@@ -9,8 +9,6 @@ import os
 import pathlib
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -19,10 +17,10 @@ import pytest
 from tests import engine_runs
 from tests.engine_runs import Spec
 from tests.helpers import (
-    ROOT,
     load_data_script,
     requires_horovod,
     run_main,
+    run_python,
 )
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
@@ -214,23 +212,16 @@ mode.shutdown()
 
 
 def test_gradient_compression_and_fusion_threshold_reach_horovod():
-    def run(*args, **env):
-        environ = {k: v for k, v in os.environ.items() if "HOROVOD" not in k}
-        proc = subprocess.run(
-            [sys.executable, "-c", HOROVOD_KNOBS, *args],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=120,
-            env={**environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env},
+    def run(*args, threshold=None):
+        output = run_python(
+            HOROVOD_KNOBS, *args, env={"HOROVOD_FUSION_THRESHOLD": threshold}
         )
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        dtype, *sums, threshold = proc.stdout.split()
+        dtype, *sums, threshold = output.split()
         return dtype, [float(x) for x in sums], threshold
 
     assert run("fp16", "65536") == ("float32", [1.0, 0.0], "65536")
     # Uncompressed; an explicit horovodrun --fusion-threshold-mb wins.
-    assert run("none", "65536", HOROVOD_FUSION_THRESHOLD="1024") == (
+    assert run("none", "65536", threshold="1024") == (
         "float32",
         [1 + 2**-12, 2**-30],
         "1024",
