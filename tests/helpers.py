@@ -178,19 +178,21 @@ def wait_for_step(proc, step):
     raise AssertionError("run ended early:\n" + "".join(lines[-30:]))
 
 
-def run_python(code, *args, timeout=300):
+def run_python(code, *args, timeout=300, env=None):
     """Runs `python -c code args` from the repository root; returns stdout.
 
     For what must start in a fresh process: thread pools, logical devices
-    and strategies are fixed once TensorFlow has started.
+    and strategies are fixed once TensorFlow has started. `env`: variables
+    set (a None value: removed) in this process's environment for it.
     """
+    environ = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
         timeout=timeout,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={k: v for k, v in environ.items() if v is not None},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

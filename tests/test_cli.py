@@ -24,6 +24,10 @@ def base_args(synthetic, log_root):
         (["--eval_once"], "--eval_once only makes sense with --mode=eval"),
         (["--num_gpus=1"], "--num_gpus=1 but 0 GPU(s) are visible"),
         (["--batch_size=15", "--cpu_replicas=2"], "not divisible by the 2"),
+        (
+            ["--accumulate_steps=3"],
+            "--accumulate_steps=3 does not split the 16 examples of each",
+        ),
         (["--learning_rate=nan"], "--learning_rate=nan: must be a finite"),
         (["--weight_decay=inf"], "--weight_decay=inf: must be a finite"),
         (

@@ -83,14 +83,19 @@ def test_under_the_horovod_launcher(tmp_path):
 def test_a_single_process_needs_no_launcher(tmp_path):
     proc = run_main(
         ["--dry_run", *DATA, f"--log_root={tmp_path / 'run'}",
-         "--cpu_replicas=2", "--batch_size=256", "--dtype=float64"]
+         "--cpu_replicas=2", "--batch_size=256", "--dtype=float64",
+         "--accumulate_steps=4", "--gradient_compression=fp16"]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "engine: mirrored (auto: one process with 2 device(s))" in (
         proc.stdout
     )
     assert "devices: CPU as 2 logical devices" in proc.stdout
-    assert "batch: 128 per replica, 256 global, 256 per update" in proc.stdout
+    assert (
+        "batch: 128 per replica, 256 global, 256 per update, each replica's "
+        "batch in 4 micro-batches of 32\n"
+    ) in proc.stdout
+    assert "gradient all-reduce: fp16 on the wire" in proc.stdout
     assert "learning rate: 0.1 at batch 128 -> 0.2 at 256" in proc.stdout
     assert "dtype policy: float64 (--dtype=float64)" in proc.stdout
     assert not (tmp_path / "run").exists()

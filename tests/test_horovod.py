@@ -16,7 +16,12 @@ import pytest
 
 from tests import engine_runs
 from tests.engine_runs import Spec
-from tests.helpers import load_data_script, requires_horovod, run_main
+from tests.helpers import (
+    load_data_script,
+    requires_horovod,
+    run_main,
+    run_python,
+)
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
 from tf_resnet.settings import DistributionConfig
@@ -187,6 +192,40 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
     assert not survivor_alive, "the surviving rank is still running"
     if sig == signal.SIGSTOP:
         assert "Timed out waiting 15000ms" in output, output[-2000:]
+
+
+HOROVOD_KNOBS = """
+import os, sys
+import tensorflow as tf
+from tf_resnet.modes import make_mode
+from tf_resnet.settings import DistributionConfig
+dist = DistributionConfig(
+    gradient_compression=sys.argv[1], all_reduce_pack_bytes=int(sys.argv[2])
+)
+mode = make_mode("horovod", 8, dist)  # A rank of its own (size 1).
+# float16 rounds 1 + 2**-12 to 1 and 2**-30 to 0.
+(grad,) = mode.all_reduce_gradients([tf.constant([1 + 2**-12, 2**-30])])
+print(grad.dtype.name, *grad.numpy().tolist(),
+      os.environ.get("HOROVOD_FUSION_THRESHOLD"))
+mode.shutdown()
+"""
+
+
+def test_gradient_compression_and_fusion_threshold_reach_horovod():
+    def run(*args, threshold=None):
+        output = run_python(
+            HOROVOD_KNOBS, *args, env={"HOROVOD_FUSION_THRESHOLD": threshold}
+        )
+        dtype, *sums, threshold = output.split()
+        return dtype, [float(x) for x in sums], threshold
+
+    assert run("fp16", "65536") == ("float32", [1.0, 0.0], "65536")
+    # Uncompressed; an explicit horovodrun --fusion-threshold-mb wins.
+    assert run("none", "65536", threshold="1024") == (
+        "float32",
+        [1 + 2**-12, 2**-30],
+        "1024",
+    )
 
 
 def test_one_device_per_rank():

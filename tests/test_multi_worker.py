@@ -30,7 +30,13 @@ import pytest
 
 from tests import engine_runs
 from tests.engine_runs import Spec, dumped_weights
-from tests.helpers import ROOT, on_newest_set, on_one_set, resnet8_flags
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    on_one_set,
+    resnet8_flags,
+    run_python,
+)
 from tf_resnet import engines, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
@@ -77,6 +83,80 @@ def test_two_workers_train_exactly_like_one_process():
         worker0, expected, single.weights(name="first")
     )
     assert "global batch 16 over 2 replica(s) (multi_worker)" in cluster.output
+
+
+@on_one_set
+def test_packing_changes_nothing_and_float16_gradients_stay_close():
+    # Beside the equivalence run above, whose two-worker run it reuses.
+    plain, packed, compressed = engine_runs.equivalence_runs(
+        *(
+            Spec("multi_worker", 2, extra=extra, launcher="multi_worker")
+            for extra in (
+                (),
+                ("--all_reduce_pack_bytes=64",),
+                ("--gradient_compression=fp16",),
+            )
+        )
+    )
+    first = plain.weights(name="first")
+    # TensorFlow's line of the gradient all-reduce (4 tensors), which 64
+    # bytes split.
+    packs = r"Collective all_reduce tensors: 4 all_reduces, .* num_packs = "
+    assert re.search(packs + "1$", plain.output, re.M), plain.output[-3000:]
+    assert re.search(packs + "2$", packed.output, re.M), packed.output[-3000:]
+    # Two workers' sums do not depend on how the tensors are packed.
+    engine_runs.assert_same_weights(packed.weights(), plain.weights(), first, 0)
+    # float16 sums: close to float32's, but not equal (or nothing was cast);
+    # an all-reduce done twice (doubled gradients) would be far off.
+    difference, _ = engine_runs.assert_same_weights(
+        compressed.weights(), plain.weights(), first, 1e-2
+    )
+    assert difference > 0
+    for ours, theirs in zip(
+        compressed.weights(0), compressed.weights(1), strict=True
+    ):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+MIRRORED_FP16 = """
+import keras, tensorflow as tf
+from tf_resnet import runtime
+from tf_resnet.modes import make_mode
+from tf_resnet.settings import DistributionConfig
+dist = DistributionConfig(gradient_compression="fp16")
+mode = make_mode("mirrored", 2, dist, runtime.configure_devices(0, 2))
+# Each replica's gradient: float16 rounds 1 + 2**-12 to 1, 2**-30 to 0.
+grad = tf.constant([1 + 2**-12, 2**-30])
+for compressed in (False, True):
+    with mode.scope():
+        weight = keras.Variable([0.0, 0.0])
+        optimizer = keras.optimizers.SGD(1.0)  # Update: -(sum of grads).
+        optimizer.build([weight])
+    if compressed:  # As `builders.build_optimizer` does.
+        mode.prepare_optimizer(optimizer)
+    # Each replica's own tensor (one tensor of both would be taken for a
+    # mirrored value, which the all-reduce does not sum).
+    step = tf.function(lambda: mode.strategy.run(
+        lambda: optimizer.apply_gradients([(tf.identity(grad), weight)])))
+    step()
+    print(compressed, *weight.numpy().tolist())
+"""
+
+
+def test_float16_compression_of_the_optimizers_all_reduce():
+    """What multi_worker and mirrored share, on 2 logical CPUs of mirrored.
+
+    Keras' optimizer all-reduces the gradients itself: compressed, it sums
+    float16 copies, once.
+    """
+    lines = run_python(MIRRORED_FP16).splitlines()[-2:]
+    sums = {
+        name: [float(x) for x in rest] for name, *rest in map(str.split, lines)
+    }
+    assert sums == {
+        "False": [-2 - 2**-11, -(2**-29)],
+        "True": [-2.0, 0.0],
+    }
 
 
 @pytest.mark.slow

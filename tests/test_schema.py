@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from absl import flags
 
-from tf_resnet import data, engines, schema, settings, validation
+from tf_resnet import data, engines, modes, schema, settings, validation
 from tf_resnet import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
@@ -204,6 +204,44 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
                 engines.ENGINES[name].check(two)
         elif name != "parameter_server":  # Which needs a cluster.
             validation.validate(config)
+
+
+def test_all_reduce_knobs_are_refused_by_engines_that_do_not_take_them():
+    takers = {
+        "gradient_compression": (
+            "fp16",
+            ["mirrored", "horovod", "multi_worker"],
+        ),
+        "all_reduce_pack_bytes": (4096, ["horovod", "multi_worker"]),
+    }
+    for flag, (value, engine_names) in takers.items():
+        for name, engine in engines.ENGINES.items():
+            dist = settings.DistributionConfig(name, **{flag: value})
+            if name in engine_names:
+                engines.check_settings(engine, dist)
+                continue
+            with pytest.raises(UserInputError) as error:
+                engines.check_settings(engine, dist)
+            assert str(error.value) == (
+                f"--{flag}={value} is for a gradient all-reduce; "
+                f"--distribution={name} has none that takes it (engines "
+                f"that do: {', '.join(engine_names)})"
+            )
+    # `auto` on one device is `default`, refused when its mode is made.
+    one_device = settings.DistributionConfig(gradient_compression="fp16")
+    with pytest.raises(UserInputError, match="--distribution=default has"):
+        modes.make_mode("auto", 16, one_device)
+
+
+def test_synchronised_bn_is_refused_with_micro_batches():
+    config = settings.make_config(
+        sync_bn=True,
+        accumulate_steps=2,
+        train_data_path="x",
+        eval_data_path="y",
+    )
+    with pytest.raises(UserInputError, match="--sync_bn does not work with"):
+        validation.validate(config)
 
 
 def test_every_input_knob_is_a_data_setting_the_pipeline_is_given():

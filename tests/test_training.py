@@ -1,13 +1,18 @@
 """The training loop end to end: learning, events, checkpoints, resume."""
 
 import csv
+import json
 import os
+import re
 
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
+from tests.engine_runs import assert_same_weights
 from tests.helpers import checkpoint_weights, eval_rows, run_main, scalars
-from tf_resnet import train_loop
+from tf_resnet import builders, train_loop
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.settings import make_config
 
@@ -157,3 +162,76 @@ def test_mirrored_two_devices_equals_one_device(synthetic_cifar, tmp_path):
         # Unsynchronised BN misses this bound by orders of magnitude.
         scale = np.max(np.abs(a[name])) + 1e-12
         assert np.max(np.abs(a[name] - b[name])) <= 1e-9 * scale, name
+
+
+def micro_batch_training(accumulate_steps, xla=False, steps=3):
+    """Weights and step metrics of a few updates of a BatchNorm-free model.
+
+    Momentum SGD with weight decay at batch 16, through the loop's replica
+    function (`--accumulate_steps`), on three fixed batches in turn.
+    """
+    keras.utils.set_random_seed(0)
+    cfg = make_config(
+        batch_size=16,
+        accumulate_steps=accumulate_steps,
+        xla=xla,
+        learning_rate=0.8,
+        weight_decay=0.01,
+    )
+    mode = tf_strategy.default_mode(cfg.optim.batch_size)
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 3)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(10, name="logits"),
+        ]
+    )
+    start = [w.copy() for w in model.get_weights()]
+    optimizer = builders.build_optimizer(cfg, mode, model, 100)
+    step = mode.make_train_step(
+        train_loop.make_replica_fn(model, optimizer, mode, cfg)
+    )
+    rng = np.random.default_rng(0)
+    batches = tf.data.Dataset.from_tensor_slices(
+        (
+            rng.normal(size=(steps, 16, 8, 8, 3)).astype(np.float32),
+            rng.integers(0, 10, (steps, 16)).astype(np.int32),
+        )
+    )
+    iterator = iter(batches)
+    metrics = [mode.fetch(step(iterator)) for _ in range(steps)]
+    return model.get_weights(), metrics, start
+
+
+@pytest.mark.parametrize("xla", [False, True], ids=["plain", "xla"])
+def test_micro_batches_make_the_update_of_the_whole_batch(xla):
+    """Without BatchNorm, 4 micro-batches of 4 are one batch of 16."""
+    whole, whole_metrics, start = micro_batch_training(1)
+    micro, micro_metrics, _ = micro_batch_training(4, xla=xla)
+    assert_same_weights(micro, whole, start)
+    for ours, theirs in zip(micro_metrics, whole_metrics, strict=True):
+        assert ours["examples"] == theirs["examples"] == 16
+        assert ours["correct"] == theirs["correct"]
+        assert ours["loss_sum"] == pytest.approx(theirs["loss_sum"], 1e-5)
+
+
+def test_a_run_with_micro_batches_trains_and_saves(synthetic_cifar, tmp_path):
+    proc = run_main(
+        [
+            f"--train_data_path={synthetic_cifar['train']}",
+            f"--eval_data_path={synthetic_cifar['eval']}",
+            f"--log_root={tmp_path}",
+            "--batch_size=8",
+            "--accumulate_steps=2",
+            "--train_steps=3",
+            "--log_every_steps=1",
+            "--eval_batch_count=1",
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "each replica's batch in 2 micro-batches of 4" in proc.stderr
+    assert len(re.findall(r"step \d/3 .*: loss \d", proc.stderr)) == 3
+    assert os.path.exists(tmp_path / "ckpt-3.index")
+    with open(tmp_path / "config.json") as stream:
+        assert json.load(stream)["config"]["optim"]["accumulate_steps"] == 2

@@ -2,8 +2,9 @@
 
 Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
-batch, the learning rate after scaling and the dtype policy. Nothing is
-read, built or written. The numbers follow the modes' own definitions
+batch (and its micro-batches), the learning rate after scaling, the dtype
+policy and the gradient all-reduce's knobs when set. Nothing is read,
+built or written. The numbers follow the modes' own definitions
 (`base.DistributionMode`: a step splits the global batch over every
 replica in sync; an update sums the gradients of `replicas_per_update`
 replicas), which `tests/test_dry_run.py` holds against real modes.
@@ -35,12 +36,14 @@ def report(config, started):
     """The lines `--dry_run` prints for this process.
 
     Raises:
-      UserInputError: a global batch the replicas cannot split, as making
-        the mode would.
+      UserInputError: a global batch the replicas (or a replica's batch
+        the micro-batches) cannot split, or an all-reduce knob the engine
+        does not take, as making the mode and training would.
     """
     dist, optim = config.distribution, config.optim
     in_sync, per_update, processes = replicas(config, started)
     engine = _engine(started)
+    engines.check_settings(engine, dist)
     replica_batch = schedules.split_batch(
         optim.batch_size, in_sync, engine.name
     )
@@ -69,10 +72,22 @@ def report(config, started):
                 else f"{in_sync} in sync over {processes} process(es)"
             ),
             f"  batch: {replica_batch} per replica, {optim.batch_size} "
-            f"global, {update_batch} per update",
+            f"global, {update_batch} per update"
+            + schedules.micro_batches(replica_batch, optim.accumulate_steps),
             f"  learning rate: {optim.learning_rate:g} at batch "
             f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
             f"  dtype policy: {started.dtype_policy} "
             f"(--dtype={config.runtime.dtype})",
+            *_all_reduce_knobs(dist),
         ]
     )
+
+
+def _all_reduce_knobs(dist):
+    """A line for the gradient all-reduce's knobs, when any is set."""
+    knobs = []
+    if dist.gradient_compression != engines.NO_COMPRESSION:
+        knobs.append(f"{dist.gradient_compression} on the wire")
+    if dist.all_reduce_pack_bytes:
+        knobs.append(f"packs of {dist.all_reduce_pack_bytes} bytes")
+    return [f"  gradient all-reduce: {', '.join(knobs)}"] if knobs else []

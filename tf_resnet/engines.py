@@ -108,6 +108,10 @@ class Engine:
         this process is only a server task.
       averaging: `(global_batch, dist, devices)`: the `averaging` mode
         over this engine's all-reduce, for the engines that carry it.
+      compresses: its gradient all-reduce runs on float16 copies under
+        `--gradient_compression=fp16`; the engines without one refuse it.
+      packs: what `--all_reduce_pack_bytes` sets in it; empty: it takes
+        no pack size and refuses one.
     """
 
     name: str
@@ -125,6 +129,8 @@ class Engine:
     without_needs: str = ""
     serve: Callable | None = None
     averaging: Callable | None = None
+    compresses: bool = False
+    packs: str = ""
 
     @property
     def asynchronous(self):
@@ -270,6 +276,7 @@ ENGINES = {
             "MirroredStrategy over this machine's GPUs (or --cpu_replicas)",
             _mirrored_mode,
             fallback=lambda replicas: replicas > 1,
+            compresses=True,
         ),
         Engine(
             "horovod",
@@ -282,6 +289,8 @@ ENGINES = {
             per_process=True,
             needs=HOROVOD,
             averaging=_horovod_averaging_mode,
+            compresses=True,
+            packs="HOROVOD_FUSION_THRESHOLD (an explicit one wins)",
         ),
         Engine(
             "averaging",
@@ -319,11 +328,43 @@ ENGINES = {
             devices=Devices.NODE,
             workers=detect.cluster_workers,
             averaging=_multi_worker_averaging_mode,
+            compresses=True,
+            packs="CommunicationOptions(bytes_per_pack)",
         ),
     )
 }
 # `auto` is no engine: it becomes one of them (`resolve`, `running`).
 DISTRIBUTIONS = (AUTO, *ENGINES)
+# `--gradient_compression`: Horovod's names (`hvd.Compression.fp16`).
+NO_COMPRESSION = "none"
+GRADIENT_COMPRESSIONS = (NO_COMPRESSION, "fp16")
+
+
+def check_settings(engine, dist):
+    """Whether the distribution settings `dist` suit `engine`.
+
+    The knobs of a gradient all-reduce (the engine's `compresses` and
+    `packs`), then the engine's own `check`.
+
+    Raises:
+      UserInputError: a knob the engine does not take, naming the engines
+        that do; or the engine's own refusal.
+    """
+    knobs = (
+        ("gradient_compression", NO_COMPRESSION, "compresses"),
+        ("all_reduce_pack_bytes", 0, "packs"),
+    )
+    for flag, unset, fact in knobs:
+        value = getattr(dist, flag)
+        if value != unset and not getattr(engine, fact):
+            takers = [e.name for e in ENGINES.values() if getattr(e, fact)]
+            raise UserInputError(
+                f"--{flag}={value} is for a gradient all-reduce; "
+                f"--distribution={engine.name} has none that takes it "
+                f"(engines that do: {', '.join(takers)})"
+            )
+    if engine.check:
+        engine.check(dist)
 
 
 def installed(engine):

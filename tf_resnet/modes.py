@@ -45,8 +45,7 @@ def make_mode(distribution, global_batch, config=None, devices=None):
     config = config or DistributionConfig()
     engine = engines.running(distribution, len(devices or ()) or 1)
     schema.check(config)
-    if engine.check:
-        engine.check(config)
+    engines.check_settings(engine, config)
     return _call(engine, engine.make, global_batch, config, devices)
 
 

@@ -38,6 +38,9 @@ HARMLESS = (
     # generator dataset, whose input tf.data cannot rewrite (every
     # distributed mode; tensorflow/tensorflow#61816, ray#25141).
     b"Input of GeneratorDatasetOp::Dataset will not be optimized because",
+    # A cast to float16 (--gradient_compression=fp16) on a CPU whose
+    # oneDNN lacks float16: TensorFlow's Eigen kernel does it instead.
+    b"oneDNN supports DT_HALF only on platforms with AVX-512.",
     # Ray Train 2.60's own actor, on every run (ray-project/ray#53727).
     b"Actor with class name: 'PreemptionWatcher' and ID:",
 )

@@ -43,6 +43,32 @@ def split_batch(global_batch, replicas, distribution):
     return global_batch // replicas
 
 
+def micro_batch(replica_batch, accumulate_steps):
+    """Examples of one micro-batch: a replica's batch split evenly.
+
+    Raises:
+      UserInputError: the replica's batch does not split into
+        `accumulate_steps` equal parts.
+    """
+    if replica_batch % accumulate_steps:
+        raise UserInputError(
+            f"--accumulate_steps={accumulate_steps} does not split the "
+            f"{replica_batch} examples of each replica's batch (--batch_size "
+            "over the replicas) into equal micro-batches"
+        )
+    return replica_batch // accumulate_steps
+
+
+def micro_batches(replica_batch, accumulate_steps):
+    """What the start line and `--dry_run` add for `--accumulate_steps`."""
+    if accumulate_steps == 1:
+        return ""
+    micro = micro_batch(replica_batch, accumulate_steps)
+    return (
+        f", each replica's batch in {accumulate_steps} micro-batches of {micro}"
+    )
+
+
 def scaled_learning_rate(base_learning_rate, update_batch):
     """Linear scaling rule: `base * update_batch / 128`."""
     return base_learning_rate * update_batch / REFERENCE_BATCH

@@ -125,6 +125,17 @@ class OptimConfig:
         "GLOBAL batch size: split over all replicas of all workers.",
         bounds=POSITIVE,
     )
+    accumulate_steps: int = setting(
+        1,
+        "Micro-batches of one update: each replica's batch is split into N, "
+        "run one after another within the step, and their gradients summed "
+        "before the one all-reduce and update. --batch_size stays the batch "
+        "of one update (schedule, epochs, learning rate unchanged); memory "
+        "is that of one micro-batch. BatchNorm normalises each micro-batch "
+        "with its own statistics and updates its moving statistics N times "
+        "per step.",
+        bounds=AT_LEAST_ONE,
+    )
     eval_batch_size: int = setting(
         0, "Evaluation batch per process (0: --batch_size)."
     )
@@ -343,6 +354,21 @@ class DistributionConfig:
         "the other workers before this one fails (a dead peer must not hang "
         "the job; raise it if the first step compiles for longer).",
         bounds=POSITIVE,
+    )
+    gradient_compression: str = setting(
+        engines.NO_COMPRESSION,
+        "fp16: gradients cast to float16 for the all-reduce and back after "
+        "it (Horovod's Compression.fp16): half the bytes, float16 rounding. "
+        "horovod, multi_worker and mirrored.",
+        choices=engines.GRADIENT_COMPRESSIONS,
+    )
+    all_reduce_pack_bytes: int = setting(
+        0,
+        "Bytes per pack (fused buffer) of the gradient all-reduce (0: the "
+        "engine's default). multi_worker: CommunicationOptions' "
+        "bytes_per_pack; horovod: HOROVOD_FUSION_THRESHOLD, unless that is "
+        "set in the environment.",
+        bounds=NON_NEGATIVE,
     )
 
     def __post_init__(self):

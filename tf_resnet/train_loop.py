@@ -28,7 +28,14 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import data, evaluation, param_groups, settings, summaries
+from tf_resnet import (
+    data,
+    evaluation,
+    param_groups,
+    schedules,
+    settings,
+    summaries,
+)
 from tf_resnet.builders import (
     build_model,
     build_optimizer,
@@ -60,16 +67,28 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
     Labels are class indices, or `[B, classes]` targets of a mixed batch
     (mixup/CutMix); with `ema`, the moving average follows each update.
 
-    With `config.xla` the forward and backward pass is compiled by XLA; the
-    all-reduce and the update stay outside it, since they belong to the
-    mode (Horovod ops have no XLA kernels) and to the optimizer.
+    With `--accumulate_steps=K` above 1 the batch is split into K
+    micro-batches, run one after another in a `tf.while_loop` (one at a
+    time: the memory of one micro-batch), whose gradients and metrics are
+    summed before the one all-reduce and update.
+
+    With `config.xla` the forward and backward pass (of each micro-batch)
+    is compiled by XLA; the all-reduce and the update stay outside it,
+    since they belong to the mode (Horovod ops have no XLA kernels) and to
+    the optimizer.
+
+    Raises:
+      UserInputError: the replica's batch does not split into
+        `--accumulate_steps` micro-batches.
     """
     update_examples = float(mode.replica_batch * mode.replicas_per_update)
     label_smoothing = config.optim.label_smoothing
     decay_scale = config.optim.weight_decay / 2.0 / mode.replicas_per_update
     decayed = {id(k) for k in decayed_variables(model)}
+    steps = config.optim.accumulate_steps
+    micro = schedules.micro_batch(mode.replica_batch, steps)
 
-    def forward_backward(images, labels):
+    def loss_gradients(images, labels):
         with tf.GradientTape() as tape:
             logits = model(images, training=True)
             # Losses in float32 at least, also under 16-bit mixed precision.
@@ -80,27 +99,69 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
             )
             loss = tf.reduce_sum(losses) / update_examples
             scaled_loss = optimizer.scale_loss(loss)
-        variables = model.trainable_variables
-        grads = tape.gradient(scaled_loss, variables)
+        grads = tape.gradient(scaled_loss, model.trainable_variables)
+        return grads, _metrics(losses, logits, labels)
+
+    def add_decay(grads):
         # The gradient of the L2 penalty decay_scale * ||w||^2 is
         # 2 * decay_scale * w: added directly, it is the same update as
         # differentiating the penalty without the penalty's forward and
         # backward ops (a few % of a ResNet step on CPU).
-        grads = [
+        return [
             _add_decay(g, v, 2.0 * decay_scale, optimizer)
             if id(v) in decayed
             else g
-            for g, v in zip(grads, variables, strict=True)
+            for g, v in zip(grads, model.trainable_variables, strict=True)
         ]
-        return grads, losses, logits
 
-    if config.runtime.xla:
-        forward_backward = tf.function(
-            forward_backward, jit_compile=True, autograph=False
+    def forward_backward(images, labels):
+        grads, metrics = loss_gradients(images, labels)
+        return add_decay(grads), metrics
+
+    def accumulated(images, labels):
+        """The gradients and metrics of K micro-batches, summed; then decay."""
+        images, labels = (
+            tf.reshape(x, [steps, micro, *x.shape[1:]])
+            for x in (images, labels)
         )
+        variables = model.trainable_variables
+        unused = set()  # Variables without a gradient: None, as for K=1.
+
+        def add_micro_batch(i, grads_sum, metrics_sum):
+            grads, metrics = micro_step(images[i], labels[i])
+            unused.update(j for j, g in enumerate(grads) if g is None)
+            grads_sum = [
+                s if g is None else s + g
+                for s, g in zip(grads_sum, grads, strict=True)
+            ]
+            metrics_sum = {k: metrics_sum[k] + metrics[k] for k in metrics}
+            return i + 1, grads_sum, metrics_sum
+
+        _, grads, metrics = tf.while_loop(
+            lambda i, *_: i < steps,
+            add_micro_batch,
+            (
+                tf.constant(0),
+                [tf.zeros(v.shape, v.dtype) for v in variables],
+                {key: tf.constant(0.0) for key in _METRICS},
+            ),
+            # One micro-batch at a time: their memory is not held together.
+            parallel_iterations=1,
+        )
+        grads = [None if j in unused else g for j, g in enumerate(grads)]
+        return add_decay(grads), metrics
+
+    micro_step = loss_gradients
+    if config.runtime.xla:
+        micro_step, forward_backward = (
+            tf.function(fn, jit_compile=True, autograph=False)
+            for fn in (micro_step, forward_backward)
+        )
+    if steps > 1:
+        forward_backward = accumulated
 
     def replica_fn(images, labels):
-        grads, losses, logits = forward_backward(images, labels)
+        grads, metrics = forward_backward(images, labels)
         variables = model.trainable_variables
         grads = param_groups.scale_gradients(
             grads,
@@ -112,16 +173,25 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
         optimizer.apply_gradients(zip(grads, variables, strict=True))
         if ema is not None:
             ema.update()
-        if len(labels.shape) == 2:  # Mixed targets: their largest share.
-            labels = tf.argmax(labels, -1, output_type=tf.int32)
-        correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
-        return {
-            "loss_sum": tf.cast(tf.reduce_sum(losses), tf.float32),
-            "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
-            "examples": tf.cast(tf.size(labels), tf.float32),
-        }
+        return metrics
 
     return replica_fn
+
+
+# The step's metrics, summed over replicas and between progress lines.
+_METRICS = ("loss_sum", "correct", "examples")
+
+
+def _metrics(losses, logits, labels):
+    """A batch's summed loss, correct predictions and examples (float32)."""
+    if len(labels.shape) == 2:  # Mixed targets: their largest share.
+        labels = tf.argmax(labels, -1, output_type=tf.int32)
+    correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels)
+    return {
+        "loss_sum": tf.cast(tf.reduce_sum(losses), tf.float32),
+        "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
+        "examples": tf.cast(tf.size(labels), tf.float32),
+    }
 
 
 def _add_decay(grad, variable, factor, optimizer):
@@ -209,7 +279,7 @@ class _Progress:
         """
         if not self.pending:
             return
-        totals = {"loss_sum": 0.0, "correct": 0.0, "examples": 0.0}
+        totals = dict.fromkeys(_METRICS, 0.0)
         for metrics in self.pending:
             for key, value in self.mode.fetch(metrics).items():
                 totals[key] += float(value)
@@ -308,6 +378,9 @@ def train(config, mode):
       TrainingInterrupted: a process of the run got a stop signal; every
         process stopped at the same step, whose checkpoint is written.
     """
+    # Refused before anything is read or written (`make_replica_fn` is
+    # made at the first step).
+    schedules.micro_batch(mode.replica_batch, config.optim.accumulate_steps)
     split = data.split_of(config, training=True)
     plan = plan_run(config, split)
     with contextlib.ExitStack() as held:
@@ -377,7 +450,7 @@ def _train(config, mode, plan, split):
     if mode.is_chief:  # The job's line; the others' would repeat it.
         logging.info(
             "training %s on %s: %d examples, %d steps/epoch, %d steps, "
-            "global batch %d over %d replica(s) (%s)",
+            "global batch %d over %d replica(s) (%s)%s",
             config.model.model,
             config.data.dataset,
             plan.num_train_examples,
@@ -386,6 +459,9 @@ def _train(config, mode, plan, split):
             mode.global_batch,
             mode.num_replicas,
             mode.name,
+            schedules.micro_batches(
+                mode.replica_batch, config.optim.accumulate_steps
+            ),
         )
     iterator = mode.distribute_dataset(
         functools.partial(_training_dataset, split, config, step)

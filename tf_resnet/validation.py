@@ -43,8 +43,8 @@ def validate(config):
             "overwrite the training run's; give it a directory of its own"
         )
     engine = engines.ENGINES.get(dist.distribution)
-    if engine and engine.check:
-        engine.check(dist)
+    if engine:
+        engines.check_settings(engine, dist)
     # Export reads the checkpoint and the saved plan, no data.
     if not dist.is_server_task and run.mode != "export":
         _check_data(data, run)
@@ -55,6 +55,14 @@ def validate(config):
             f"--sync_bn is not supported with --distribution="
             f"{dist.distribution}: it synchronises tf.distribute replicas "
             "only (BN moving statistics are still averaged over ranks)"
+        )
+    if model.sync_bn and optim.accumulate_steps > 1:
+        # Its all-reduce would sit in the loop over the micro-batches,
+        # which tf.distribute refuses (a merge_call in control flow).
+        raise UserInputError(
+            f"--sync_bn does not work with --accumulate_steps="
+            f"{optim.accumulate_steps}: synchronised BN would all-reduce "
+            "inside the loop over the micro-batches; drop one of them"
         )
     # A model registered at run time (the tests') has no family here; its
     # builder checks its options.

@@ -58,15 +58,36 @@ def set_cycle_time():
         os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 
 
+def set_fusion_threshold(pack_bytes):
+    """`--all_reduce_pack_bytes` as Horovod's fusion buffer (before `hvd.init`).
+
+    Horovod fuses the tensors ready in one cycle into buffers of up to
+    HOROVOD_FUSION_THRESHOLD bytes; 0 leaves its default. An explicit
+    `horovodrun --fusion-threshold-mb` (the same variable) still wins.
+    """
+    if pack_bytes:
+        os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(pack_bytes))
+
+
 class HorovodMode(base.DistributionMode):
     """Synchronous SGD: gradients summed over all ranks every step."""
 
     name = "horovod"
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(self, global_batch):
+    def __init__(self, global_batch, compression="none", pack_bytes=0):
+        """Starts Horovod.
+
+        Args:
+          global_batch: examples of one step over all ranks.
+          compression: `--gradient_compression`, the name of the
+            `hvd.Compression` the gradients are all-reduced with.
+          pack_bytes: `--all_reduce_pack_bytes` (0: Horovod's default).
+        """
         set_cycle_time()
+        set_fusion_threshold(pack_bytes)
         hvd.init()  # Its GPU is the local rank's: `devices.plan`.
+        self.compression = getattr(hvd.Compression, compression)
         self.num_replicas = hvd.size()
         self.replicas_per_update = hvd.size()
         self.is_chief = hvd.rank() == 0
@@ -81,8 +102,14 @@ class HorovodMode(base.DistributionMode):
         return hvd.size(), hvd.rank()
 
     def all_reduce_gradients(self, grads):
-        """Sums over ranks; each loss is already divided by the global batch."""
-        return hvd.grouped_allreduce(list(grads), op=hvd.Sum)
+        """Sums over ranks; each loss is already divided by the global batch.
+
+        With `--gradient_compression=fp16`, of float16 copies (Horovod
+        casts them and the sums back).
+        """
+        return hvd.grouped_allreduce(
+            list(grads), op=hvd.Sum, compression=self.compression
+        )
 
     def reduce_sum(self, per_replica_value):
         """Step metrics of all ranks, so every rank logs the global loss."""
@@ -138,8 +165,10 @@ class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
 
 def make_mode(global_batch, dist, devices):
     """`--distribution=horovod`; start-up gave the rank its device."""
-    del dist, devices
-    return HorovodMode(global_batch)
+    del devices
+    return HorovodMode(
+        global_batch, dist.gradient_compression, dist.all_reduce_pack_bytes
+    )
 
 
 def make_averaging_mode(global_batch, dist, devices):

@@ -10,6 +10,11 @@ The cluster comes from, in this order: `--worker_hosts` with
 a Slurm job step (`SlurmClusterResolver`). `python -m
 tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
 
+The gradient all-reduce is the Keras optimizer's, over the strategy's
+replicas: `--all_reduce_pack_bytes` is its `CommunicationOptions`'
+`bytes_per_pack`, and `--gradient_compression=fp16` runs it on float16
+copies (`tf_strategy.all_reduce_in_float16`).
+
 Consistency of the state: variables are mirrored (`ON_WRITE`) on every
 worker. Trainable weights get the same all-reduced update everywhere. The
 BatchNorm moving statistics do not: Keras 3 creates them without an
@@ -113,17 +118,23 @@ def _slurm_resolver(port):
     )
 
 
-def make_strategy(resolver, timeout_secs):
+def make_strategy(resolver, timeout_secs, pack_bytes=0):
     """The strategy; must come before any other TensorFlow op runs.
 
     MWMS starts this process's gRPC server and sets up the collective
     runtime when it is created, which TensorFlow refuses once its context
     is initialised.
+
+    Args:
+      resolver: the cluster (`cluster_resolver`).
+      timeout_secs: `--collective_timeout_secs` of every collective.
+      pack_bytes: `--all_reduce_pack_bytes`: the gradient all-reduce is
+        split into packs of about this size (0: TensorFlow's default).
     """
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver,
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=timeout_secs
+            bytes_per_pack=pack_bytes, timeout_seconds=timeout_secs
         ),
     )
 
@@ -216,12 +227,12 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
 
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(self, strategy, global_batch):
+    def __init__(self, strategy, global_batch, compression="none"):
         self.collectives = Collectives(strategy)
         self.num_workers = self.collectives.num_workers
         self.worker_index = self.collectives.worker_index
         self.is_chief = self.worker_index == 0
-        super().__init__(strategy, "multi_worker", global_batch)
+        super().__init__(strategy, "multi_worker", global_batch, compression)
 
     def distribute_dataset(self, dataset_fn):
         """Each worker reads its own shard: `distribute_datasets_from_function`.
@@ -375,8 +386,10 @@ def make_mode(global_batch, config, devices):
     """The mode for `settings.DistributionConfig`; first TF work of the run."""
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
-    strategy = make_strategy(resolver, config.collective_timeout_secs)
-    return MultiWorkerMode(strategy, global_batch)
+    strategy = make_strategy(
+        resolver, config.collective_timeout_secs, config.all_reduce_pack_bytes
+    )
+    return MultiWorkerMode(strategy, global_batch, config.gradient_compression)
 
 
 def make_averaging_mode(global_batch, config, devices):

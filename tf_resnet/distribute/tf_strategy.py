@@ -4,25 +4,80 @@
 (`--num_gpus=N`, or N logical CPU devices in tests): variables are mirrored,
 gradients all-reduced by the Keras optimizer, and BatchNorm moving statistics
 live in one mirrored variable, so replicas cannot disagree.
+
+`--gradient_compression=fp16` casts the gradients to float16 for that
+all-reduce, in the optimizer (`all_reduce_in_float16`): Keras 3's
+optimizer sums them over the strategy's replicas itself, in
+`apply_gradients`, and has no public way to be handed sums it must not
+sum again.
 """
 
+import keras
 import tensorflow as tf
 
 from tf_resnet.distribute import base
 
+# The Keras 3 TensorFlow optimizer's all-reduce of the `(gradient,
+# variable)` pairs over the strategy's replicas, called once per update
+# (keras/src/backend/tensorflow/optimizer.py).
+_KERAS_ALL_REDUCE = "_all_reduce_sum_gradients"
+
+
+def all_reduce_in_float16(optimizer):
+    """Makes the optimizer all-reduce float16 copies of the gradients.
+
+    Its own all-reduce runs as before, once, on the gradients cast to
+    float16; the sums are cast back to each gradient's dtype. A
+    `LossScaleOptimizer`'s inner optimizer is the one that all-reduces
+    (after unscaling).
+
+    Raises:
+      RuntimeError: this Keras has no such all-reduce to wrap.
+    """
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)
+    all_reduce = getattr(optimizer, _KERAS_ALL_REDUCE, None)
+    if all_reduce is None:
+        raise RuntimeError(
+            f"Keras {keras.__version__}: its optimizer has no "
+            f"{_KERAS_ALL_REDUCE} to compress; --gradient_compression=fp16 "
+            "under tf.distribute needs Keras 3's TensorFlow optimizer"
+        )
+
+    def all_reduce_float16(grads_and_vars):
+        pairs = list(grads_and_vars)
+        reduced = all_reduce(
+            [(g if g is None else tf.cast(g, tf.float16), v) for g, v in pairs]
+        )
+        return [
+            (None if r is None else tf.cast(r, g.dtype), v)
+            for (g, _), (r, v) in zip(pairs, reduced, strict=True)
+        ]
+
+    setattr(optimizer, _KERAS_ALL_REDUCE, all_reduce_float16)
+
 
 class StrategyMode(base.DistributionMode):
-    """Wraps any single-process `tf.distribute.Strategy`."""
+    """Wraps any single-process `tf.distribute.Strategy`.
 
-    def __init__(self, strategy, name, global_batch):
+    Attributes:
+      compression: `--gradient_compression` of the optimizer's all-reduce.
+    """
+
+    def __init__(self, strategy, name, global_batch, compression="none"):
         self.strategy = strategy
         self.name = name
         self.num_replicas = strategy.num_replicas_in_sync
         self.replicas_per_update = strategy.num_replicas_in_sync
+        self.compression = compression
         super().__init__(global_batch)
 
     def scope(self):
         return self.strategy.scope()
+
+    def prepare_optimizer(self, optimizer):
+        """fp16 compression of the optimizer's gradient all-reduce."""
+        if self.compression == "fp16":
+            all_reduce_in_float16(optimizer)
 
     def distribute_dataset(self, dataset_fn):
         """One pipeline of global batches, split evenly over the replicas.
@@ -49,10 +104,13 @@ def default_mode(global_batch):
     return StrategyMode(tf.distribute.get_strategy(), "default", global_batch)
 
 
-def mirrored_mode(global_batch, devices=None):
+def mirrored_mode(global_batch, devices=None, compression="none"):
     """Synchronous all-reduce over the devices of this machine."""
     return StrategyMode(
-        tf.distribute.MirroredStrategy(devices), "mirrored", global_batch
+        tf.distribute.MirroredStrategy(devices),
+        "mirrored",
+        global_batch,
+        compression,
     )
 
 
@@ -68,5 +126,4 @@ def make_default_mode(global_batch, dist, devices):
 
 def make_mirrored_mode(global_batch, dist, devices):
     """`--distribution=mirrored` over the devices start-up chose."""
-    del dist
-    return mirrored_mode(global_batch, devices)
+    return mirrored_mode(global_batch, devices, dist.gradient_compression)
