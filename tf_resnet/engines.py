@@ -24,7 +24,7 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from tf_resnet import detect, recipes
+from tf_resnet import detect, recipes, traffic
 from tf_resnet.errors import UserInputError
 
 # Not an engine: `resolve` makes it one from the launcher, else `running`
@@ -112,6 +112,8 @@ class Engine:
         `--gradient_compression=fp16`; the engines without one refuse it.
       packs: what `--all_reduce_pack_bytes` sets in it; empty: it takes
         no pack size and refuses one.
+      traffic: what it sends between nodes for one update
+        (`tf_resnet.traffic`), for the scaling model; None: one node.
     """
 
     name: str
@@ -131,6 +133,7 @@ class Engine:
     averaging: Callable | None = None
     compresses: bool = False
     packs: str = ""
+    traffic: object = None
 
     @property
     def asynchronous(self):
@@ -291,6 +294,7 @@ ENGINES = {
             averaging=_horovod_averaging_mode,
             compresses=True,
             packs="HOROVOD_FUSION_THRESHOLD (an explicit one wins)",
+            traffic=traffic.ALL_REDUCE_EVERY_STEP,
         ),
         Engine(
             "averaging",
@@ -306,6 +310,7 @@ ENGINES = {
             without_needs="or run the workers without it: python -m "
             "tf_resnet.launch.multi_worker --np=N -- "
             "--distribution=averaging ...",
+            traffic=traffic.ALL_REDUCE_EVERY,
         ),
         Engine(
             "parameter_server",
@@ -317,6 +322,7 @@ ENGINES = {
             workers=detect.ps_cluster_workers,
             update=Update.WORKER,
             serve=_parameter_server_serve,
+            traffic=traffic.PUSH_PULL,
         ),
         Engine(
             "multi_worker",
@@ -330,6 +336,7 @@ ENGINES = {
             averaging=_multi_worker_averaging_mode,
             compresses=True,
             packs="CommunicationOptions(bytes_per_pack)",
+            traffic=traffic.ALL_REDUCE_EVERY_STEP,
         ),
     )
 }

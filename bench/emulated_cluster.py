@@ -1,0 +1,161 @@
+"""Nodes on an emulated network: namespaces, a bridge, rate-shaped links.
+
+Each node is a network namespace with one interface, `eth0`, a veth pair
+whose other end is on a bridge in a hub namespace, the stand-in for a
+switch. Every node's link is shaped in both directions with a token
+bucket (`tc qdisc ... tbf`), as a NIC of that rate on a full-duplex switch
+port is: what a node sends leaves through its own `eth0`, what it receives
+comes through the hub's end of its veth.
+
+    hub     10.79.0.1    bridge br0
+    nodeI   10.79.0.1I   eth0 (veth on br0), rate-shaped both ways
+
+Only rate is emulated. Latency is not: this kernel has no `netem` qdisc
+(CONFIG_NET_SCH_NETEM is off), and for gradient-sized messages the
+bandwidth term dominates; the all-reduce fit measures the latency the
+software stack has (bench/results/network_scaling.md).
+
+Nothing here routes anywhere else: the namespaces have only their own
+addresses, so every byte stays on this machine. Needs root (`ip netns`).
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+
+SUBNET = "10.79.0"
+PREFIX = "tfrnet"  # Namespace names: tfrnet-hub, tfrnet-node0, ...
+HUB = f"{PREFIX}-hub"
+HUB_ADDRESS = f"{SUBNET}.1"
+
+
+def _ip(*args, check=True):
+    return subprocess.run(
+        ["ip", *args], check=check, capture_output=True, text=True
+    )
+
+
+def missing_programs():
+    """The programs the emulated cluster needs that this machine lacks."""
+    return [p for p in ("ip", "tc", "taskset") if not shutil.which(p)]
+
+
+class EmulatedCluster:
+    """`nodes` namespaces on a bridge, each link shaped to `rate_mbit`.
+
+    Use as a context manager; `stop` removes every namespace and process.
+    """
+
+    def __init__(self, nodes, rate_mbit=None):
+        self.nodes = nodes
+        self.rate_mbit = rate_mbit
+        self.processes = []
+
+    @staticmethod
+    def namespace(node):
+        return f"{PREFIX}-node{node}"
+
+    @staticmethod
+    def address(node):
+        return f"{SUBNET}.{11 + node}"
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def start(self):
+        self.stop()  # What an interrupted run left.
+        hub = HUB
+        _ip("netns", "add", hub)
+        _ip("-n", hub, "link", "set", "lo", "up")
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "addr", "add", f"{HUB_ADDRESS}/24", "dev", "br0")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        for node in range(self.nodes):
+            name = self.namespace(node)
+            _ip("netns", "add", name)
+            _ip("-n", name, "link", "set", "lo", "up")
+            _ip(
+                "-n", hub, "link", "add", f"to{node}", "type", "veth",
+                "peer", "name", "eth0", "netns", name,
+            )  # fmt: skip
+            _ip("-n", hub, "link", "set", f"to{node}", "master", "br0", "up")
+            _ip("-n", name, "addr", "add", f"{self.address(node)}/24",
+                "dev", "eth0")  # fmt: skip
+            _ip("-n", name, "link", "set", "eth0", "up")
+            # This host's name means the node's own address inside it:
+            # Gloo contexts that take no interface (Horovod's process
+            # sets) resolve it (`ip netns exec` binds this over /etc/hosts).
+            os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+            with open(f"/etc/netns/{name}/hosts", "w") as hosts:
+                hosts.write(
+                    f"127.0.0.1 localhost\n{self.address(node)} "
+                    f"{socket.gethostname()}\n"
+                )
+        if self.rate_mbit:
+            self.shape(self.rate_mbit)
+
+    def shape(self, rate_mbit):
+        """Shapes every node's link to `rate_mbit` in both directions.
+
+        The bucket holds 4 ms of traffic (at least 256 KB: veth hands TCP
+        segments of up to 64 KB to the qdisc in one piece), and queues up
+        to 100 ms before dropping, like a switch port's buffer.
+        """
+        self.rate_mbit = rate_mbit
+        burst = max(256_000, int(rate_mbit * 1e6 / 8 * 0.004))
+        tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst),
+               "latency", "100ms"]  # fmt: skip
+        for node in range(self.nodes):
+            for namespace, device in (
+                (self.namespace(node), "eth0"),
+                (HUB, f"to{node}"),
+            ):
+                subprocess.run(
+                    ["ip", "netns", "exec", namespace, "tc", "qdisc",
+                     "replace", "dev", device, "root", *tbf],
+                    check=True, capture_output=True,
+                )  # fmt: skip
+
+    def command(self, node, argv, cpus=None):
+        """`argv` run in `node`'s namespace (None: the hub's).
+
+        Pinned to `cpus` if given (taskset).
+        """
+        namespace = HUB if node is None else self.namespace(node)
+        pin = ["taskset", "-c", str(cpus)] if cpus is not None else []
+        return ["ip", "netns", "exec", namespace, *pin, *argv]
+
+    def spawn(self, node, argv, cpus=None, **kwargs):
+        """Starts `argv` on `node` (None: the hub); `stop_processes` ends it."""
+        process = subprocess.Popen(
+            self.command(node, argv, cpus), start_new_session=True, **kwargs
+        )
+        self.processes.append(process)
+        return process
+
+    def stop_processes(self):
+        """Kills every process `spawn` started (and their children)."""
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes = []
+
+    def stop(self):
+        self.stop_processes()
+        listed = _ip("netns", "list", check=False).stdout.split()
+        for name in listed:
+            if name.startswith(f"{PREFIX}-"):
+                pids = _ip("netns", "pids", name, check=False).stdout.split()
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                _ip("netns", "del", name, check=False)
+                shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)

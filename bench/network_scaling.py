@@ -1,0 +1,728 @@
+"""Scaling across an emulated network: every engine on 1 node and on 2.
+
+  .venv/bin/python bench/network_scaling.py --out=runs/network_scaling.json
+
+(as root: it makes network namespaces; `apt-get install iperf3` first.)
+
+Nodes are network namespaces on a bridge whose links are rate-shaped in
+both directions (`emulated_cluster`); each process of a job runs in its
+node's namespace, pinned to its own core, so "2 nodes" is one worker per
+node, one core each. Everything else is the project's own: each process
+runs the training step of its engine's `DistributionMode` (the loop's
+`make_replica_fn`, the mode's all-reduce) on a fixed batch, started the
+way that engine's processes are (Horovod's Gloo rendezvous and
+`HOROVOD_*` variables as `horovodrun` sets them; `TF_CONFIG` for
+multi_worker; ps and worker servers of `resnet_main.py --job_name` and a
+coordinator for parameter_server).
+
+The network stands for a real one seen from a GPU: a 2-core CPU step is
+far slower than a GPU step, so the link is slowed by the same factor,
+`s = CPU step / GPU step` (the GPU step times are named in
+`tf_resnet.scaling.GPU_STEPS`), which keeps the compute-to-communication
+ratio the GPU's. `s` is measured per model from its 1-node step.
+
+Per model it prints, and writes to `--out`:
+  * the shaped link checked with iperf3 (TCP goodput against the rate);
+  * the all-reduce time against message size on 2 and 4 processes, per
+    transport (Horovod's Gloo, TensorFlow's collectives), and the ring
+    model `c + 2(p-1)a + 2(p-1)/p n/B` fitted to it;
+  * the step time of each engine on 1 node and on 2, beside what the
+    model predicts for the 2-node step from the 1-node step and the fit
+    (`tf_resnet.scaling.predict_two_nodes`), and the error.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import common  # noqa: E402
+import emulated_cluster  # noqa: E402
+
+from tf_resnet import engines, scaling, traffic  # noqa: E402
+
+RESULT = "NETWORK_SCALING_RESULT "
+PYTHON = sys.executable
+HERE = os.path.abspath(__file__)
+MAIN = os.path.join(common.ROOT, "resnet_main.py")
+# What each model trains on here: CIFAR models on CIFAR's 32x32 images,
+# the ImageNet layout on TinyImageNet's 64x64 with ImageNet's 1000
+# classes (the real gradient size).
+SHAPES = {"cifar": (32, 10), "imagenet": (64, 1000)}
+
+
+def model_shape(model):
+    family = "imagenet" if model in scaling.IMAGENET_MODELS else "cifar"
+    return SHAPES[family]
+
+
+# --- inside a node --------------------------------------------------------
+
+
+def run_worker(spec):
+    """One process of a job: time steps (and all-reduces); rank 0 reports."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_resnet import builders, runtime, train_loop
+    from tf_resnet.distribute.base import TrainState
+    from tf_resnet.modes import make_mode
+    from tf_resnet.settings import make_config
+
+    size, classes = model_shape(spec["model"])
+    ps = spec["flags"]["distribution"] == "parameter_server"
+    config = make_config(
+        train_data_path=common.DATA["cifar10"]["path"],
+        model=spec["model"],
+        batch_size=spec["global_batch"],
+        intra_op_threads=1,
+        inter_op_threads=2 if ps else 1,
+        dtype="float32",
+        **spec["flags"],
+    )
+    started = runtime.start(config)
+    keras.utils.set_random_seed(0)
+    mode = make_mode(
+        started.distribution,
+        config.optim.batch_size,
+        config.distribution,
+        started.devices,
+    )
+    info = types.SimpleNamespace(num_classes=classes, image_size=size)
+    model = builders.build_model(config, mode, info)
+    optimizer = builders.build_optimizer(
+        config, mode, model, total_steps=100_000
+    )
+    state = TrainState(model, optimizer)
+    mode.broadcast_initial_state(state)
+    step_fn = mode.make_train_step(
+        train_loop.make_replica_fn(model, optimizer, mode, config)
+    )
+    rng = np.random.default_rng(0)
+    batch = (
+        rng.normal(size=(mode.replica_batch, size, size, 3)).astype("float32"),
+        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
+    )
+    iterator = mode.distribute_dataset(
+        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
+    )
+    coordinator = getattr(mode, "coordinator", None)  # parameter_server
+    step = 0
+
+    def block(steps):
+        nonlocal step
+        start = time.perf_counter()
+        for _ in range(steps):
+            metrics = step_fn(iterator)
+            step += 1
+            mode.after_step(step, state)  # averaging: every k steps
+        mode.fetch(metrics)
+        if coordinator is not None:
+            coordinator.join()
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    block(spec["warmup_steps"])
+    warmup = time.perf_counter() - start
+    seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
+    result = {
+        "step_s": [s / spec["steps"] for s in seconds],
+        "warmup_s": warmup,
+        "gradient_bytes": sum(
+            int(np.prod(v.shape)) * 4 for v in model.trainable_variables
+        ),
+        "state_bytes": sum(
+            int(np.prod(v.shape)) * 4
+            for v in state.variables
+            if v.dtype in ("float32",)
+        ),
+    }
+    if spec.get("sweep"):
+        fp16 = spec["flags"].get("gradient_compression") == "fp16"
+        result["sweep"] = sweep(
+            mode, spec["sweep"], spec["sweep_repeats"], fp16
+        )
+    if mode.is_chief:
+        print(RESULT + json.dumps(result), flush=True)
+    mode.shutdown()
+
+
+def sweep(mode, sizes, repeats, fp16=False):
+    """Seconds of one all-reduce of a float32 tensor of each size (bytes).
+
+    With `fp16`, as `--gradient_compression=fp16` all-reduces it.
+    """
+    import tensorflow as tf
+
+    strategy = getattr(mode, "strategy", None)
+    # Horovod's mode compresses by itself; the replica context's all-reduce
+    # is handed float16, as the optimizer's compressed one is.
+    dtype = tf.float16 if strategy is not None and fp16 else tf.float32
+    times = {}
+    for nbytes in sizes:
+        tensor = tf.cast(tf.ones([max(1, nbytes // 4)]), dtype)
+
+        if strategy is None:  # Horovod: the mode's gradient all-reduce.
+
+            @tf.function
+            def all_reduce(t):
+                return mode.all_reduce_gradients([t])[0][0]
+
+        else:  # multi_worker: the replica-context all-reduce.
+
+            @tf.function
+            def all_reduce(t):
+                def replica_fn():
+                    context = tf.distribute.get_replica_context()
+                    local = tf.identity(t)
+                    return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+                return strategy.run(replica_fn)[0]
+
+        all_reduce(tensor).numpy()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            all_reduce(tensor).numpy()
+            samples.append(time.perf_counter() - start)
+        times[str(nbytes)] = statistics.median(samples)
+    return times
+
+
+def serve_rendezvous(hosts):
+    """Horovod's Gloo rendezvous for `hosts` ("addr:slots,...").
+
+    What `horovodrun` starts for a Gloo job.
+    """
+    from horovod.runner.common.util.hosts import (
+        get_host_assignments,
+        parse_hosts,
+    )
+    from horovod.runner.http.http_server import RendezvousServer
+
+    parsed = parse_hosts(hosts)
+    plan = get_host_assignments(parsed, sum(h.slots for h in parsed))
+    server = RendezvousServer(False)
+    port = server.start()
+    server.init(plan)
+    print(port, flush=True)
+    for slot in plan:
+        print(json.dumps(slot.to_response_string()), flush=True)
+    while True:
+        time.sleep(3600)
+
+
+# --- the driver -----------------------------------------------------------
+
+
+class Job:
+    """The processes of one configuration, on the cluster's nodes."""
+
+    port = 23000
+
+    def __init__(self, cluster, spec, nodes, first_node=0):
+        self.cluster = cluster
+        self.spec = spec
+        self.nodes = nodes
+        self.first_node = first_node
+        Job.port += 10
+
+    def worker_argv(self, extra=None):
+        spec = dict(self.spec, **(extra or {}))
+        return [PYTHON, HERE, "--worker", json.dumps(spec)]
+
+    def run(self, timeout=900):
+        """Runs the job; returns its chief's result."""
+        try:
+            return self.collect(self.start(), timeout)
+        finally:
+            self.cluster.stop_processes()
+
+    def start(self):
+        """Starts every process; returns the chief's."""
+        engine = self.spec["flags"]["distribution"]
+        env = {
+            **os.environ,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        if engine in ("horovod", "averaging"):
+            return self._horovod(env)
+        if engine == "multi_worker":
+            return self._multi_worker(env)
+        return self._parameter_server(env)
+
+    @staticmethod
+    def collect(chief, timeout=900):
+        """The result line of a started job's chief."""
+        out, err = chief.communicate(timeout=timeout)
+        for line in out.splitlines():
+            if RESULT in line:
+                return json.loads(line.split(RESULT, 1)[1])
+        raise RuntimeError(f"no result:\n{out[-2000:]}\n{err[-4000:]}")
+
+    @property
+    def node_range(self):
+        return range(self.first_node, self.first_node + self.nodes)
+
+    def _cpu(self, node):
+        return node % 2
+
+    def _horovod(self, env):
+        hosts = ",".join(
+            f"{self.cluster.address(n)}:1" for n in self.node_range
+        )
+        server = self.cluster.spawn(
+            None,
+            [PYTHON, HERE, "--rendezvous", hosts],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        port = server.stdout.readline().strip()
+        chief = None
+        for rank, node in enumerate(self.node_range):
+            rank_env = {
+                **env,
+                "HOROVOD_GLOO_RENDEZVOUS_ADDR": emulated_cluster.HUB_ADDRESS,
+                "HOROVOD_GLOO_RENDEZVOUS_PORT": port,
+                "HOROVOD_CONTROLLER": "gloo",
+                "HOROVOD_CPU_OPERATIONS": "gloo",
+                "HOROVOD_GLOO_IFACE": "eth0",
+                "HOROVOD_HOSTNAME": self.cluster.address(node),
+                "HOROVOD_RANK": str(rank),
+                "HOROVOD_SIZE": str(self.nodes),
+                "HOROVOD_LOCAL_RANK": "0",
+                "HOROVOD_LOCAL_SIZE": "1",
+                "HOROVOD_CROSS_RANK": str(rank),
+                "HOROVOD_CROSS_SIZE": str(self.nodes),
+            }
+            process = self.cluster.spawn(
+                node,
+                self.worker_argv(),
+                cpus=self._cpu(node),
+                env=rank_env,
+                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                text=True,
+            )
+            chief = chief or process
+        return chief
+
+    def _multi_worker(self, env):
+        workers = [
+            f"{self.cluster.address(n)}:{self.port}" for n in self.node_range
+        ]
+        chief = None
+        for index, node in enumerate(self.node_range):
+            tf_config = {
+                "cluster": {"worker": workers},
+                "task": {"type": "worker", "index": index},
+            }
+            process = self.cluster.spawn(
+                node,
+                self.worker_argv(),
+                cpus=self._cpu(node),
+                env={**env, "TF_CONFIG": json.dumps(tf_config)},
+                stdout=subprocess.PIPE if index == 0 else subprocess.DEVNULL,
+                stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL,
+                text=True,
+            )
+            chief = chief or process
+        return chief
+
+    def _parameter_server(self, env):
+        """The ps and coordinator on a node of their own; a worker per node."""
+        ps_node = self.cluster.nodes - 1
+        ps_hosts = [f"{self.cluster.address(ps_node)}:{self.port}"]
+        worker_hosts = [
+            f"{self.cluster.address(n)}:{self.port + 1}"
+            for n in range(self.nodes)
+        ]
+        cluster_flags = [
+            f"--ps_hosts={','.join(ps_hosts)}",
+            f"--worker_hosts={','.join(worker_hosts)}",
+        ]
+        # Two inter-op threads: with one, a worker's step (receives from
+        # the ps beside its computation) deadlocks.
+        server_flags = [
+            "--intra_op_threads=1", "--inter_op_threads=2", "--dtype=float32",
+        ]  # fmt: skip
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        self.cluster.spawn(
+            ps_node,
+            [PYTHON, MAIN, "--job_name=ps", "--task_index=0", *cluster_flags,
+             *server_flags],
+            env=env, **quiet,
+        )  # fmt: skip
+        for node in range(self.nodes):
+            # Not pinned: a TensorFlow worker server pinned to one core
+            # (taskset -c) never finishes a step; one intra-op thread
+            # keeps its computation to one core.
+            self.cluster.spawn(
+                node,
+                [PYTHON, MAIN, "--job_name=worker", f"--task_index={node}",
+                 *cluster_flags, *server_flags],
+                env=env, **quiet,
+            )  # fmt: skip
+        flags = {"ps_hosts": ps_hosts, "worker_hosts": worker_hosts}
+        spec = dict(self.spec, flags={**self.spec["flags"], **flags})
+        return self.cluster.spawn(
+            ps_node,
+            [PYTHON, HERE, "--worker", json.dumps(spec)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+def check_link(cluster):
+    """TCP goodput between two nodes (iperf3), in Mbit/s."""
+    server = cluster.spawn(
+        1, ["iperf3", "-s", "-1", "-B", cluster.address(1)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    out = subprocess.run(
+        cluster.command(0, ["iperf3", "-c", cluster.address(1), "-t", "3",
+                            "-J"]),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    server.wait(timeout=10)
+    cluster.stop_processes()
+    return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One configuration: an engine and its knobs, on 1 node and on 2.
+
+    Attributes:
+      name: the row's label.
+      flags: `resnet_main.py` settings of the run.
+      knob: whether it is a knob's row (`--knobs`) or an engine's.
+    """
+
+    name: str
+    flags: dict
+    knob: bool = False
+
+    @property
+    def engine(self):
+        return self.flags["distribution"]
+
+    @property
+    def accumulate_steps(self):
+        return self.flags.get("accumulate_steps", 1)
+
+
+def rows(average_every, pack_bytes):
+    """The engines, then the knobs measured beside them."""
+    packs = {"all_reduce_pack_bytes": pack_bytes}
+    pack_mb = f"{pack_bytes / 2**20:g} MiB"
+    return [
+        Row("horovod", {"distribution": "horovod"}),
+        Row("multi_worker", {"distribution": "multi_worker"}),
+        Row(
+            f"averaging every {average_every}",
+            {"distribution": "averaging", "average_every": average_every},
+        ),
+        Row("parameter_server", {"distribution": "parameter_server"}),
+        Row("horovod, fp16", {"distribution": "horovod",
+                              "gradient_compression": "fp16"}, True),
+        Row("multi_worker, fp16", {"distribution": "multi_worker",
+                                   "gradient_compression": "fp16"}, True),
+        Row(f"horovod, packs of {pack_mb}",
+            {"distribution": "horovod", **packs}, True),
+        Row(f"multi_worker, packs of {pack_mb}",
+            {"distribution": "multi_worker", **packs}, True),
+        Row("horovod, accumulate 4",
+            {"distribution": "horovod", "accumulate_steps": 4}, True),
+    ]  # fmt: skip
+
+
+def measure_model(cluster, model, args, network, log):
+    """Every measurement of one model, as a dict (the `--out` file's)."""
+    batch = args.batch.get(model, 32)
+    base = {
+        "model": model,
+        "warmup_steps": args.warmup_steps,
+        "steps": args.steps,
+        "blocks": args.blocks,
+    }
+
+    def spec_of(flags, processes, extra=None):
+        return {
+            **base,
+            "flags": flags,
+            # Accumulation keeps each micro-batch at `batch`.
+            "global_batch": batch
+            * processes
+            * flags.get("accumulate_steps", 1),
+            **(extra or {}),
+        }
+
+    def job(flags, nodes, extra=None):
+        processes = 1 if flags["distribution"] == "parameter_server" else nodes
+        log(f"  {model} {flags} on {nodes} node(s) ...")
+        return Job(cluster, spec_of(flags, processes, extra), nodes).run()
+
+    def twin(flags):
+        """Two 1-node jobs at once, one per core.
+
+        The step of one node whose neighbour computes too, as in every
+        2-node run here (two nodes of this machine share its caches and
+        memory; real ones do not).
+        """
+        log(f"  {model} {flags} on 1 node, twice at once ...")
+        jobs = [Job(cluster, spec_of(flags, 1), 1, n) for n in (0, 1)]
+        try:
+            chiefs = [j.start() for j in jobs]
+            runs = [Job.collect(chief) for chief in chiefs]
+        finally:
+            cluster.stop_processes()
+        return {"step_s": [s for run in runs for s in run["step_s"]]}
+
+    # The 1-node Horovod step sets the slow-down (no network in it).
+    cluster.shape(100_000)
+    reference = job({"distribution": "horovod"}, 1)
+    cpu_step = statistics.median(reference["step_s"])
+    gpu = scaling.GPU_STEPS[model]
+    slowdown = cpu_step / (gpu.ms / 1e3)
+    rate = network.gbit * 1e3 / slowdown
+    cluster.shape(rate)
+    goodput = check_link(cluster)
+    log(f"  {model}: CPU step {1e3 * cpu_step:.0f} ms, s = {slowdown:.1f}, "
+        f"link {rate:.1f} Mbit/s, iperf3 {goodput:.1f}")  # fmt: skip
+    n = reference["gradient_bytes"]
+    sizes = sorted({4096, 65536, n // 16, n // 4, n, 2 * n})
+    result = {
+        "model": model,
+        "batch_per_process": batch,
+        "network": network.name,
+        "cpu_step_s": cpu_step,
+        "slowdown": slowdown,
+        "link_mbit": rate,
+        "iperf3_mbit": goodput,
+        "gradient_bytes": n,
+        "sweeps": {},
+        "rows": [],
+    }
+    wanted = args.only.split(",") if args.only else None
+    transports = {"horovod": {}, "multi_worker": {}}
+    if args.knobs:
+        fp16 = {"gradient_compression": "fp16"}
+        transports.update({"horovod+fp16": fp16, "multi_worker+fp16": fp16})
+    for transport, knobs in transports.items():
+        engine = transport.split("+")[0]
+        if wanted and engine not in wanted:
+            continue
+        for processes in (2, 4):
+            run = job(
+                {"distribution": engine, **knobs},
+                processes,
+                {"sweep": sizes, "sweep_repeats": args.sweep_repeats,
+                 "steps": 1, "blocks": 1, "warmup_steps": 1},
+            )  # fmt: skip
+            result["sweeps"][f"{transport} {processes}"] = run["sweep"]
+    for row in rows(args.average_every, args.pack_bytes):
+        if row.knob and not args.knobs or wanted and row.engine not in wanted:
+            continue
+        measured = {"name": row.name, "flags": row.flags}
+        ps = row.engine == "parameter_server"
+        runs = {
+            "1": job(row.flags, 1) if ps else twin(row.flags),
+            "2": job(row.flags, 2),
+        }
+        if row.name == "horovod":
+            runs["1 alone"] = reference
+        for key, run in runs.items():
+            measured[key] = {
+                "step_s": statistics.median(run["step_s"]),
+                "range": [min(run["step_s"]), max(run["step_s"])],
+            }
+        result["rows"].append(measured)
+    return result
+
+
+# The all-reduce that carries each engine here: averaging runs on Horovod's
+# ranks (`Job._horovod`).
+TRANSPORT = {"averaging": "horovod"}
+
+
+def knobs_of(flags):
+    """The `traffic.Knobs` of a row's flags.
+
+    Float16's halved bytes are in its own fitted transport, not here.
+    """
+    return traffic.Knobs(
+        accumulate_steps=flags.get("accumulate_steps", 1),
+        average_every=flags.get("average_every", 1),
+    )
+
+
+def fits_of(result):
+    """`{transport: RingFit}` fitted to a model's all-reduce sweeps.
+
+    A float16 transport's fit is in float32 bytes (what it is handed).
+    """
+    samples = {}
+    for key, sweep in result["sweeps"].items():
+        transport, processes = key.split()
+        samples.setdefault(transport, []).extend(
+            (int(nbytes), int(processes), seconds)
+            for nbytes, seconds in sweep.items()
+        )
+    return {t: scaling.fit_ring(s) for t, s in samples.items()}
+
+
+def transport_of(flags):
+    """The fitted transport that carries a row's communication."""
+    engine = TRANSPORT.get(flags["distribution"], flags["distribution"])
+    fp16 = flags.get("gradient_compression") == "fp16"
+    return f"{engine}+fp16" if fp16 else engine
+
+
+def report(results):
+    """The Markdown tables of `results` (the `--out` file)."""
+    lines = [f"{results['cpu']}, {results['date']}", ""]
+    for result in results["models"]:
+        fits = fits_of(result)
+        link = result["link_mbit"] * 1e6 / 8
+        lines += [
+            f"### {result['model']}, batch {result['batch_per_process']} per "
+            f"process, {result['network']} seen from a GPU",
+            "",
+            f"CPU step {1e3 * result['cpu_step_s']:.0f} ms, GPU step "
+            f"{scaling.GPU_STEPS[result['model']].ms:.2f} ms: s = "
+            f"{result['slowdown']:.1f}; link {result['link_mbit']:.1f} Mbit/s, "
+            f"iperf3 goodput {result['iperf3_mbit']:.1f} Mbit/s "
+            f"({100 * result['iperf3_mbit'] / result['link_mbit']:.1f}%); "
+            f"gradients {result['gradient_bytes'] / 1e6:.2f} MB",
+            "",
+            "| all-reduce | size MB | measured ms | fit ms | error |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for key, sweep in result["sweeps"].items():
+            transport, processes = key.split()
+            for nbytes, seconds in sweep.items():
+                fitted = fits[transport](int(nbytes), int(processes))
+                lines.append(
+                    f"| {transport}, {processes} processes | "
+                    f"{int(nbytes) / 1e6:.3f} | {1e3 * seconds:.1f} | "
+                    f"{1e3 * fitted:.1f} | "
+                    f"{100 * (fitted / seconds - 1):+.0f}% |"
+                )
+        lines += ["", "| transport | c ms | a ms | B MB/s | B / link |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for transport, fit in fits.items():
+            lines.append(
+                f"| {transport} | {1e3 * fit.c:.2f} | {1e3 * fit.a:.3f} | "
+                f"{fit.bandwidth / 1e6:.1f} | {fit.bandwidth / link:.2f} |"
+            )
+        by_name = {row["name"]: row for row in result["rows"]}
+        lines += [
+            "",
+            "| engine | 1 node ms | 2 nodes ms | speed-up | predicted 2 nodes "
+            "ms | error |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in result["rows"]:
+            one, two = row["1"]["step_s"], row["2"]["step_s"]
+            flags = row["flags"]
+            engine = engines.ENGINES[flags["distribution"]]
+            if engine.traffic is traffic.PUSH_PULL:
+                # One worker's pull and push: its step less the step alone.
+                alone = by_name["horovod"]["1 alone"]["step_s"]
+                busy = by_name["horovod"]["1"]["step_s"]
+                fit = scaling.RingFit(0, 0, 2 * result["gradient_bytes"] /
+                                      (one - alone))  # fmt: skip
+                base = busy
+            else:
+                fit, base = fits[transport_of(flags)], one
+            predicted = scaling.predict_two_nodes(
+                engine, knobs_of(flags), base, fit, result["gradient_bytes"]
+            )
+            # Throughput of 2 against 1: a synchronous step does twice the
+            # work; a parameter-server step is one update either way.
+            speedup = one / two * (1 if engine.asynchronous else 2)
+            lines.append(
+                f"| {row['name']} | {1e3 * one:.0f} | {1e3 * two:.0f} | "
+                f"{speedup:.2f}x | {1e3 * predicted:.0f} | "
+                f"{100 * (predicted / two - 1):+.1f}% |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="resnet20,resnet56,resnet18")
+    parser.add_argument("--network", default="10gbe",
+                        choices=sorted(scaling.NETWORKS))  # fmt: skip
+    parser.add_argument(
+        "--batch",
+        default="resnet20=128,resnet56=128,resnet18=32",
+        help="per process, model=batch,...",
+    )
+    parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--sweep_repeats", type=int, default=5)
+    parser.add_argument("--average_every", type=int, default=4)
+    parser.add_argument("--pack_bytes", type=int, default=4 * 2**20)
+    parser.add_argument(
+        "--knobs", action="store_true", help="also the knobs' rows"
+    )
+    parser.add_argument("--only", help="engines of the rows, e.g. horovod")
+    parser.add_argument("--out", default="network_scaling.json")
+    parser.add_argument("--report", help="print the tables of this --out file")
+    args = parser.parse_args()
+    if args.report:
+        with open(args.report) as stream:
+            print(report(json.load(stream)))
+        return
+    args.batch = {
+        k: int(v) for k, v in (p.split("=") for p in args.batch.split(","))
+    }
+    missing = emulated_cluster.missing_programs() + (
+        [] if shutil.which("iperf3") else ["iperf3"]
+    )
+    if missing:
+        sys.exit(f"network_scaling: needs {', '.join(missing)}")
+    common.print_environment("Scaling on an emulated network")
+    network = scaling.NETWORKS[args.network]
+
+    def log(text):
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr,
+              flush=True)  # fmt: skip
+
+    results = {"cpu": common.cpu_model(), "date": time.strftime("%Y-%m-%d"),
+               "models": []}  # fmt: skip
+    with emulated_cluster.EmulatedCluster(5) as cluster:
+        for model in args.models.split(","):
+            results["models"].append(
+                measure_model(cluster, model, args, network, log)
+            )
+            with open(args.out, "w") as stream:
+                json.dump(results, stream, indent=1)
+    print(report(results))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        run_worker(json.loads(sys.argv[2]))
+    elif sys.argv[1:2] == ["--rendezvous"]:
+        serve_rendezvous(sys.argv[2])
+    else:
+        main()

@@ -1,0 +1,162 @@
+"""The scaling model: the ring fit, the engines' traffic, the projection.
+
+Pure arithmetic on the model's own formulas, and the command a user runs.
+The measurements it is fitted to and checked against are a benchmark
+(`bench/network_scaling.py`), not a test.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests import helpers
+from tf_resnet import engines, scaling, traffic
+
+MB = 1e6
+
+
+def test_the_ring_fit_recovers_the_parameters_it_was_made_from():
+    truth = scaling.RingFit(c=0.004, a=0.0002, bandwidth=90 * MB)
+    samples = [
+        (n, p, truth(n, p))
+        for p in (2, 4)
+        for n in (4096, 65536, 3 * MB, 12 * MB, 47 * MB)
+    ]
+    fit = scaling.fit_ring(samples)
+    assert fit.c == pytest.approx(truth.c, rel=1e-6)
+    assert fit.a == pytest.approx(truth.a, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(truth.bandwidth, rel=1e-6)
+
+
+def test_a_ring_all_reduce_crosses_the_node_links_2_p_minus_1_over_p_times():
+    link = traffic.Link(bandwidth=100 * MB, latency=0.0)
+    fast = traffic.Link(bandwidth=1e15, latency=0.0)
+    for nodes in (2, 4, 8):
+        cluster = traffic.Cluster(nodes * 8, 8, link, fast)
+        expected = 2 * (nodes - 1) / nodes * 50 * MB / link.bandwidth
+        seconds = traffic.all_reduce_seconds(50 * MB, cluster)
+        assert seconds == pytest.approx(expected, rel=1e-6)
+    # Inside one node only its own links are used.
+    one_node = traffic.Cluster(8, 8, link, fast)
+    assert traffic.all_reduce_seconds(50 * MB, one_node) < 1e-6
+
+
+def _cluster(gpus=2, gpus_per_node=1):
+    link = traffic.Link(bandwidth=100 * MB, latency=1e-4)
+    return traffic.Cluster(gpus, gpus_per_node, link, link)
+
+
+def test_each_engines_traffic_on_two_nodes():
+    n, compute, cluster = 40 * MB, 0.5, _cluster()
+    ring = 2 * 1e-4 + n / (100 * MB)
+    every_step = engines.ENGINES["horovod"].traffic
+    assert every_step.exposed_seconds(
+        n, compute, cluster, traffic.Knobs()
+    ) == pytest.approx(ring)
+    half = every_step.exposed_seconds(
+        n, compute, cluster, traffic.Knobs(compression=0.5)
+    )
+    assert half == pytest.approx(2 * 1e-4 + n / 2 / (100 * MB))
+    # Overlap hides up to the backward pass (two thirds of the step).
+    hidden = every_step.exposed_seconds(
+        n, compute, cluster, traffic.Knobs(overlap=1.0)
+    )
+    assert hidden == pytest.approx(ring - 2 / 3 * compute)
+    averaging = engines.ENGINES["averaging"].traffic
+    assert averaging.exposed_seconds(
+        n, compute, cluster, traffic.Knobs(average_every=4)
+    ) == pytest.approx((2 * 1e-4 + 2 * n / (100 * MB)) / 4)
+    push_pull = engines.ENGINES["parameter_server"].traffic
+    assert push_pull.exposed_seconds(
+        n, compute, cluster, traffic.Knobs()
+    ) == pytest.approx(2 * n / (100 * MB))
+
+
+def test_every_engine_that_spans_nodes_has_traffic_and_no_other():
+    for engine in engines.ENGINES.values():
+        spans_nodes = engine.launcher is not None
+        assert (engine.traffic is not None) == spans_nodes, engine.name
+        if engine.traffic is not None:
+            assert engine.name in scaling.TRANSPORTS, engine.name
+
+
+def test_the_two_node_prediction_adds_what_the_traffic_exposes():
+    fit = scaling.RingFit(c=0.005, a=1e-4, bandwidth=100 * MB)
+    n = 40 * MB
+    horovod = engines.ENGINES["horovod"]
+    plain = scaling.predict_two_nodes(horovod, traffic.Knobs(), 0.6, fit, n)
+    assert plain == pytest.approx(0.6 + fit.ring(n, 2))
+    fp16 = scaling.predict_two_nodes(
+        horovod, traffic.Knobs(compression=0.5), 0.6, fit, n
+    )
+    assert fp16 == pytest.approx(0.6 + fit.ring(n / 2, 2))
+    ps = engines.ENGINES["parameter_server"]
+    assert scaling.predict_two_nodes(
+        ps, traffic.Knobs(), 1.0, fit, n
+    ) == pytest.approx(0.5)
+
+
+def test_efficiency_falls_with_cluster_size_and_rises_with_each_knob():
+    step = scaling.GPU_STEPS["resnet50"]
+    network = scaling.NETWORKS["25gbe"]
+    horovod = engines.ENGINES["horovod"]
+    n = 100 * MB
+
+    def efficiency(gpus, knobs=None, net=network):
+        return scaling.project(step, n, gpus, 8, net, horovod, knobs).efficiency
+
+    assert efficiency(8) > efficiency(64) > efficiency(512)
+    assert efficiency(64, net=scaling.NETWORKS["10gbe"]) < efficiency(64)
+    assert efficiency(64, net=scaling.NETWORKS["100ib"]) > efficiency(64)
+    fp16 = traffic.Knobs(compression=0.5)
+    assert efficiency(64, fp16) > efficiency(64)
+    accumulate = traffic.Knobs(compression=0.5, accumulate_steps=4)
+    assert efficiency(64, accumulate) > efficiency(64, fp16)
+    assert 0 < efficiency(512) < efficiency(64, accumulate) <= 1
+
+
+def test_the_pick_is_synchronous_and_exists():
+    rows = scaling.projections(
+        scaling.GPU_STEPS["resnet50"], 100 * MB, 64, 8,
+        scaling.NETWORKS["10gbe"],
+    )  # fmt: skip
+    best = scaling.pick(rows)
+    assert best.engine in ("horovod", "multi_worker")
+    assert not best.knobs.overlap
+    assert (
+        best.efficiency
+        == max(
+            r.efficiency
+            for r in rows
+            if r.engine == best.engine
+            and not r.knobs.overlap
+            and r.engine in ("horovod", "multi_worker")
+        )
+        or best.efficiency >= 0.9
+    )
+
+
+def test_resnet18_has_the_gradients_the_issue_names():
+    # 11.69 M parameters at ImageNet's 1000 classes: 46.8 MB of float32.
+    assert scaling.gradient_bytes("resnet18") / MB == pytest.approx(46.8, 0.01)
+
+
+def test_the_command_prints_every_engine_and_what_to_use():
+    result = subprocess.run(
+        [sys.executable, "-m", "tf_resnet.scaling", "--model=resnet20",
+         "--gpus=16", "--network=10gbe"],
+        capture_output=True, text=True, cwd=helpers.ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for engine in ("horovod", "multi_worker", "averaging", "parameter_server"):
+        assert engine in out
+    assert "16 GPUs in 2 node(s) of 8" in out
+    assert "\nuse: " in out
+    bad = subprocess.run(
+        [sys.executable, "-m", "tf_resnet.scaling", "--gpus=0"],
+        capture_output=True, text=True, cwd=helpers.ROOT, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert "--gpus" in bad.stderr.splitlines()[-1]

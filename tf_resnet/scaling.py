@@ -1,0 +1,459 @@
+"""How far each engine scales: the ring all-reduce model, fitted and projected.
+
+  python -m tf_resnet.scaling --model=resnet50 --gpus=64 --network=25gbe
+
+prints the expected scaling efficiency of every engine (and its knobs) for
+that model, cluster size and network, the engine and knobs to pick, and
+the assumptions behind the figures.
+
+The model. A synchronous engine's step on `p` processes is its one-process
+step plus the part of the gradient all-reduce that nothing hides:
+
+    T(p) = T(1) + ring(n, p),  ring(n, p) = 2(p-1) a + 2(p-1)/p * n / B
+
+for `n` bytes of gradients over links of bandwidth `B` and per-message
+latency `a` (a ring all-reduce: a reduce-scatter and an all-gather, each
+of `p-1` rounds). Neither `horovod` nor `multi_worker` overlaps it with the
+backward pass here: both all-reduce the whole gradient list after it (the
+loop's `make_replica_fn`). `averaging` all-reduces the weights and momentum
+every k steps; `parameter_server` pulls the weights and pushes the
+gradients at every step, and its ps link carries every worker's traffic.
+Scaling efficiency is `T(1) / T(p)`: the throughput of p GPUs against p
+times one GPU's.
+
+Measured and fitted on emulated networks by `bench/network_scaling.py`
+(bench/results/network_scaling.md): the fitted bandwidth efficiency of each
+transport (`TRANSPORTS`) is what carries over to the projection; the
+latency is the network's. What a GPU computes in a step is named in
+`GPU_STEPS`, the networks in `NETWORKS`: each with its source.
+"""
+
+import argparse
+import dataclasses
+import math
+import sys
+
+import numpy as np
+
+from tf_resnet import traffic
+
+IMAGENET_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """A cluster network, as one GPU's (or one node's) link sees it.
+
+    Attributes:
+      name: the `--network` value.
+      label: what it is.
+      gbit: line rate, Gbit/s.
+      latency_us: one message's latency, microseconds.
+      source: where the figures come from.
+    """
+
+    name: str
+    label: str
+    gbit: float
+    latency_us: float
+    source: str
+
+    @property
+    def bytes_per_s(self):
+        return self.gbit * 1e9 / 8
+
+
+NETWORKS = {
+    n.name: n
+    for n in (
+        Network(
+            "10gbe", "10 Gb Ethernet, TCP", 10, 25,
+            "line rate; latency of a kernel TCP round over a switch (typical "
+            "10 GbE figures, 20-50 us)",
+        ),
+        Network(
+            "25gbe", "25 Gb Ethernet, RoCE (Horovod's benchmark cluster)", 25,
+            5, "line rate; RDMA over Converged Ethernet latency (a few us)",
+        ),
+        Network(
+            "100ib", "100 Gb InfiniBand (EDR)", 100, 1.5,
+            "line rate; EDR InfiniBand's verbs latency (about 1-2 us)",
+        ),
+    )
+}  # fmt: skip
+# Inside one 8-GPU node (A100 SXM, NVLink 3: 300 GB/s each way).
+NVLINK = Network("nvlink", "NVLink 3 inside a node", 2400, 3, "A100 data sheet")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuStep:
+    """One GPU's training step of a model, without communication.
+
+    Attributes:
+      ms: the step, milliseconds.
+      batch: images per GPU in it.
+      gflops: forward GFLOPs of one image (for the derived rows).
+      source: where `ms` comes from.
+    """
+
+    ms: float
+    batch: int
+    gflops: float
+    source: str
+
+
+_RESNET50 = GpuStep(
+    108.0, 256, 4.11,
+    "NVIDIA's TensorFlow ResNet-50 v1.5 benchmark, A100, mixed precision, "
+    "batch 256 (about 2,370 images/s), as issue #35 quotes it",
+)  # fmt: skip
+
+
+def _by_flops(gflops, batch):
+    """A step derived from ResNet-50's by FLOPs.
+
+    A lower bound for small models, which fill a GPU less well: their real
+    step is longer, so their efficiency is higher than projected.
+    """
+    ms = _RESNET50.ms * (gflops * batch) / (_RESNET50.gflops * _RESNET50.batch)
+    return GpuStep(
+        ms, batch, gflops,
+        f"derived: ResNet-50's step scaled by FLOPs ({gflops} GFLOPs/image "
+        f"at batch {batch}); a lower bound",
+    )  # fmt: skip
+
+
+GPU_STEPS = {
+    "resnet50": _RESNET50,
+    "resnet18": _by_flops(1.82, 256),
+    "resnet34": _by_flops(3.67, 256),
+    "resnet101": _by_flops(7.83, 256),
+    "resnet152": _by_flops(11.56, 256),
+    "resnet20": _by_flops(0.041, 128),
+    "resnet56": _by_flops(0.126, 128),
+    "resnet110": _by_flops(0.253, 128),
+}
+
+
+# --- the cost model --------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RingFit:
+    """`c + 2(p-1) a + 2(p-1)/p * n / B`, fitted to measured all-reduces.
+
+    Attributes:
+      c: a constant per call (a Horovod cycle, a function call), seconds.
+      a: latency per ring round, seconds.
+      bandwidth: B, bytes/second.
+    """
+
+    c: float
+    a: float
+    bandwidth: float
+
+    def ring(self, nbytes, processes):
+        """What `processes` add to one all-reduce over one process."""
+        p = processes
+        if p <= 1:
+            return 0.0
+        return 2 * (p - 1) * self.a + 2 * (p - 1) / p * nbytes / self.bandwidth
+
+    def __call__(self, nbytes, processes):
+        return self.c + self.ring(nbytes, processes)
+
+
+def fit_ring(samples):
+    """Least-squares `RingFit` to `[(nbytes, processes, seconds), ...]`.
+
+    Relative errors are minimised (each row divided by its time), so the
+    small messages that set `c` and `a` count as much as the large ones.
+    """
+    rows = np.array(
+        [[1.0, 2 * (p - 1), 2 * (p - 1) / p * n] for n, p, _ in samples]
+    )
+    seconds = np.array([s for _, _, s in samples])
+    weights = 1 / seconds
+    (c, a, g), *_ = np.linalg.lstsq(
+        rows * weights[:, None], seconds * weights, rcond=None
+    )
+    return RingFit(float(c), float(a), float(1 / g) if g > 0 else math.inf)
+
+
+def predict_two_nodes(engine, knobs, one_node, fit, gradient_bytes):
+    """The 2-node step of a run from its 1-node step and a fit.
+
+    The same `Engine.traffic` that projects, on two nodes of one process
+    each whose links are the fit's (parameter_server: one ps task, on a
+    node of its own).
+
+    Args:
+      engine: the run's `engines.Engine`.
+      knobs: its `traffic.Knobs`.
+      one_node: its 1-node step, seconds (parameter_server: the step
+        without any network).
+      fit: the `RingFit` of its transport.
+      gradient_bytes: float32 bytes of the trainable variables.
+
+    Returns:
+      Seconds per step (per update for parameter_server: two workers'
+      updates interleave).
+    """
+    link = traffic.Link(fit.bandwidth, fit.a)
+    ps_tasks = 1 if engine.traffic is traffic.PUSH_PULL else None
+    cluster = traffic.Cluster(2, 1, link, link, ps_tasks=ps_tasks)
+    step = one_node + engine.traffic.exposed_seconds(
+        gradient_bytes, one_node, cluster, knobs
+    )
+    return step / 2 if engine.traffic is traffic.PUSH_PULL else step
+
+
+# --- the projection ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """How well an engine's transport uses a link, as measured here.
+
+    Attributes:
+      efficiency: achieved bandwidth over the link's rate (the fitted B of
+        `bench/network_scaling.py` over the shaped rate).
+      measured: where it was measured.
+    """
+
+    efficiency: float
+    measured: str
+
+
+_MEASURED = "bench/results/network_scaling.md, ResNet-18 on emulated 10 GbE"
+# Filled from the fits of the bench page; the projection carries them over
+# to the GPU cluster's links (an assumption: NCCL on RDMA may do better).
+TRANSPORTS = {
+    "horovod": Transport(0.89, _MEASURED),
+    "multi_worker": Transport(0.68, _MEASURED),
+    "averaging": Transport(0.89, _MEASURED + " (Horovod's all-reduce)"),
+    "parameter_server": Transport(
+        0.77, _MEASURED + " (one worker's pull and push)"
+    ),
+}
+
+
+def gradient_bytes(model):
+    """float32 bytes of a model's trainable variables (built once, no data).
+
+    ImageNet models with ImageNet's 1000 classes at 224x224, CIFAR models
+    with 10 classes at 32x32.
+    """
+    from tf_resnet import models
+
+    imagenet = model in IMAGENET_MODELS
+    built = models.build_model(
+        model,
+        1000 if imagenet else 10,
+        (224, 224, 3) if imagenet else (32, 32, 3),
+    )
+    return 4 * sum(int(np.prod(v.shape)) for v in built.trainable_variables)
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """One engine with its knobs on one cluster.
+
+    Attributes:
+      engine: the `--distribution` value.
+      knobs: `traffic.Knobs`.
+      compute: GPU seconds of one update's computation.
+      exposed: seconds of communication per update nothing hides.
+    """
+
+    engine: str
+    knobs: traffic.Knobs
+    compute: float
+    exposed: float
+
+    @property
+    def efficiency(self):
+        return self.compute / (self.compute + self.exposed)
+
+    def describe(self):
+        parts = [self.engine]
+        if self.engine == "averaging":
+            parts[0] = f"averaging every {self.knobs.average_every}"
+        if self.knobs.compression < 1:
+            parts.append("fp16")
+        if self.knobs.accumulate_steps > 1:
+            parts.append(f"accumulate {self.knobs.accumulate_steps}")
+        if self.knobs.overlap:
+            parts.append("overlapped with the backward pass (not built)")
+        return ", ".join(parts)
+
+
+def cluster_of(gpus, gpus_per_node, network, efficiency):
+    """The `traffic.Cluster`, links at `efficiency` of their rate."""
+    return traffic.Cluster(
+        gpus,
+        gpus_per_node,
+        traffic.Link(
+            network.bytes_per_s * efficiency, network.latency_us / 1e6
+        ),
+        traffic.Link(NVLINK.bytes_per_s * efficiency, NVLINK.latency_us / 1e6),
+    )
+
+
+def project(model_step, nbytes, gpus, gpus_per_node, network, engine,
+            knobs=None):  # fmt: skip
+    """The `Projection` of `engine` (an `engines.Engine`) on a cluster.
+
+    Args:
+      model_step: the model's `GpuStep`.
+      nbytes: float32 bytes of its gradients.
+      gpus: GPUs in all, one process each.
+      gpus_per_node: GPUs sharing a node and its link.
+      network: the node links' `Network`.
+      engine: the `engines.Engine`.
+      knobs: `traffic.Knobs` (default: none).
+    """
+    knobs = knobs or traffic.Knobs()
+    compute = model_step.ms / 1e3
+    cluster = cluster_of(
+        gpus, gpus_per_node, network, TRANSPORTS[engine.name].efficiency
+    )
+    exposed = engine.traffic.exposed_seconds(nbytes, compute, cluster, knobs)
+    return Projection(
+        engine.name, knobs, compute * knobs.accumulate_steps, exposed
+    )
+
+
+def candidates(average_every=(4, 16), accumulate=(2, 4)):
+    """`(engine name, Knobs)` of every row a projection shows."""
+    rows = []
+    for name in ("horovod", "multi_worker"):
+        rows.append((name, traffic.Knobs()))
+        rows.append((name, traffic.Knobs(compression=0.5)))
+        rows += [
+            (name, traffic.Knobs(compression=0.5, accumulate_steps=k))
+            for k in accumulate
+        ]
+    rows += [
+        ("averaging", traffic.Knobs(average_every=k)) for k in average_every
+    ]
+    rows.append(("parameter_server", traffic.Knobs()))
+    return rows
+
+
+def projections(model_step, nbytes, gpus, gpus_per_node, network):
+    """Every candidate's `Projection`, and the what-if of full overlap."""
+    from tf_resnet import engines
+
+    rows = [
+        project(model_step, nbytes, gpus, gpus_per_node, network,
+                engines.ENGINES[name], knobs)
+        for name, knobs in candidates()
+    ]  # fmt: skip
+    overlap = traffic.Knobs(compression=0.5, overlap=1.0)
+    rows.append(
+        project(model_step, nbytes, gpus, gpus_per_node, network,
+                engines.ENGINES["horovod"], overlap)
+    )  # fmt: skip
+    return rows
+
+
+def pick(rows, target=0.9):
+    """The engine and knobs to use.
+
+    The first synchronous row, in the order of `candidates` (fewer knobs
+    first), that reaches `target`; else the most efficient synchronous row
+    that exists (no what-if).
+    """
+    built = [r for r in rows if not r.knobs.overlap]
+    synchronous = [r for r in built if r.engine in ("horovod", "multi_worker")]
+    for row in synchronous:
+        if row.efficiency >= target:
+            return row
+    return max(synchronous, key=lambda r: r.efficiency)
+
+
+def main(argv=None):
+    """`python -m tf_resnet.scaling`: prints a projection."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tf_resnet.scaling",
+        description="Projected scaling efficiency of each engine and knob.",
+    )
+    parser.add_argument(
+        "--model", default="resnet50", choices=sorted(GPU_STEPS)
+    )
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--gpus_per_node", type=int, default=8)
+    parser.add_argument("--network", default="25gbe", choices=sorted(NETWORKS))
+    parser.add_argument(
+        "--table",
+        action="store_true",
+        help="every network at 8, 64 and 512 GPUs, one line each (Markdown)",
+    )
+    args = parser.parse_args(argv)
+    if args.gpus < 1 or args.gpus_per_node < 1:
+        parser.error("--gpus and --gpus_per_node must be at least 1")
+    network = NETWORKS[args.network]
+    step = GPU_STEPS[args.model]
+    nbytes = gradient_bytes(args.model)
+    if args.table:
+        print(format_table(args.model, step, nbytes, args.gpus_per_node))
+        return
+    rows = projections(step, nbytes, args.gpus, args.gpus_per_node, network)
+    print(format_projection(args, network, step, nbytes, rows))
+
+
+def format_table(model, step, nbytes, gpus_per_node, sizes=(8, 64, 512)):
+    """Markdown: per network and size, plain Horovod and what to use."""
+    lines = [
+        "| network | GPUs | horovod, plain | use | its efficiency "
+        "| fp16 + overlap (not built) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for network in NETWORKS.values():
+        for gpus in sizes:
+            rows = projections(step, nbytes, gpus, gpus_per_node, network)
+            best = pick(rows)
+            lines.append(
+                f"| {network.name} | {gpus} | {100 * rows[0].efficiency:.0f}% "
+                f"| {best.describe()} | {100 * best.efficiency:.0f}% | "
+                f"{100 * rows[-1].efficiency:.0f}% |"
+            )
+    return "\n".join(lines)
+
+
+def format_projection(args, network, step, nbytes, rows):
+    """The command's report: the cluster, every row, what to use, why."""
+    nodes = max(1, -(-args.gpus // args.gpus_per_node))
+    lines = [
+        f"{args.model}: {nbytes / 1e6:.1f} MB of float32 gradients; one GPU "
+        f"step {step.ms:.1f} ms at batch {step.batch} ({step.source})",
+        f"{args.gpus} GPUs in {nodes} node(s) of {args.gpus_per_node}, one "
+        f"{network.label} link each ({network.gbit:g} Gbit/s, "
+        f"{network.latency_us:g} us: {network.source})",
+        "",
+        f"{'engine and knobs':58} {'exposed ms':>10} {'efficiency':>10}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{row.describe():58} {1e3 * row.exposed:10.1f} "
+            f"{100 * row.efficiency:9.1f}%"
+        )
+    best = pick(rows)
+    lines += [
+        "",
+        f"use: {best.describe()} ({100 * best.efficiency:.0f}%)",
+        "",
+        "efficiency: one update's computation over it plus the communication "
+        "nothing hides (synchronous rows: all-reduce after the backward pass, "
+        "as both engines do here); transports at the bandwidth efficiency "
+        "measured on emulated links (bench/results/network_scaling.md); fp16 "
+        "halves the bytes; accumulate k computes k micro-batches per "
+        "all-reduce (a k times larger batch); averaging and parameter_server "
+        "are not synchronous SGD (their accuracy per step differs).",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
