@@ -104,12 +104,14 @@ class EmulatedCluster:
     def shape(self, rate_mbit):
         """Shapes every node's link to `rate_mbit` in both directions.
 
-        The bucket holds 4 ms of traffic (at least 256 KB: veth hands TCP
-        segments of up to 64 KB to the qdisc in one piece), and queues up
-        to 100 ms before dropping, like a switch port's buffer.
+        The bucket holds 4 ms of traffic, at least 16 KB (a few frames:
+        tbf splits the 64 KB segments veth hands it): at slow rates a
+        larger bucket would let a whole small message through at once.
+        It queues up to 100 ms before dropping, like a switch port's
+        buffer.
         """
         self.rate_mbit = rate_mbit
-        burst = max(256_000, int(rate_mbit * 1e6 / 8 * 0.004))
+        burst = max(16_000, int(rate_mbit * 1e6 / 8 * 0.004))
         tbf = ["tbf", "rate", f"{rate_mbit}mbit", "burst", str(burst),
                "latency", "100ms"]  # fmt: skip
         for node in range(self.nodes):

@@ -275,6 +275,19 @@ class Job:
     def node_range(self):
         return range(self.first_node, self.first_node + self.nodes)
 
+    def _spawn_worker(self, index, node, env):
+        """Process `index` of the job on `node`; the first reports."""
+        output = subprocess.PIPE if index == 0 else subprocess.DEVNULL
+        return self.cluster.spawn(
+            node,
+            self.worker_argv(),
+            cpus=self._cpu(node),
+            env=env,
+            stdout=output,
+            stderr=output,
+            text=True,
+        )
+
     def _cpu(self, node):
         return node % 2
 
@@ -306,15 +319,7 @@ class Job:
                 "HOROVOD_CROSS_RANK": str(rank),
                 "HOROVOD_CROSS_SIZE": str(self.nodes),
             }
-            process = self.cluster.spawn(
-                node,
-                self.worker_argv(),
-                cpus=self._cpu(node),
-                env=rank_env,
-                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                text=True,
-            )
+            process = self._spawn_worker(rank, node, rank_env)
             chief = chief or process
         return chief
 
@@ -328,14 +333,8 @@ class Job:
                 "cluster": {"worker": workers},
                 "task": {"type": "worker", "index": index},
             }
-            process = self.cluster.spawn(
-                node,
-                self.worker_argv(),
-                cpus=self._cpu(node),
-                env={**env, "TF_CONFIG": json.dumps(tf_config)},
-                stdout=subprocess.PIPE if index == 0 else subprocess.DEVNULL,
-                stderr=subprocess.PIPE if index == 0 else subprocess.DEVNULL,
-                text=True,
+            process = self._spawn_worker(
+                index, node, {**env, "TF_CONFIG": json.dumps(tf_config)}
             )
             chief = chief or process
         return chief
@@ -482,7 +481,8 @@ def measure_model(cluster, model, args, network, log):
 
         The step of one node whose neighbour computes too, as in every
         2-node run here (two nodes of this machine share its caches and
-        memory; real ones do not).
+        memory; real ones do not). A synchronous step waits for the slower
+        node: its median is the row's 1-node step.
         """
         log(f"  {model} {flags} on 1 node, twice at once ...")
         jobs = [Job(cluster, spec_of(flags, 1), 1, n) for n in (0, 1)]
@@ -491,7 +491,9 @@ def measure_model(cluster, model, args, network, log):
             runs = [Job.collect(chief) for chief in chiefs]
         finally:
             cluster.stop_processes()
-        return {"step_s": [s for run in runs for s in run["step_s"]]}
+        slower = max(runs, key=lambda run: statistics.median(run["step_s"]))
+        each = [statistics.median(run["step_s"]) for run in runs]
+        return {"step_s": slower["step_s"], "each_node_s": each}
 
     # The 1-node Horovod step sets the slow-down (no network in it).
     cluster.shape(100_000)
@@ -550,7 +552,10 @@ def measure_model(cluster, model, args, network, log):
             measured[key] = {
                 "step_s": statistics.median(run["step_s"]),
                 "range": [min(run["step_s"]), max(run["step_s"])],
-            }
+                "samples": run["step_s"],
+                **({"each_node_s": run["each_node_s"]}
+                   if "each_node_s" in run else {}),
+            }  # fmt: skip
         result["rows"].append(measured)
     return result
 
@@ -566,6 +571,7 @@ def knobs_of(flags):
     Float16's halved bytes are in its own fitted transport, not here.
     """
     return traffic.Knobs(
+        pack_bytes=flags.get("all_reduce_pack_bytes", 0),
         accumulate_steps=flags.get("accumulate_steps", 1),
         average_every=flags.get("average_every", 1),
     )

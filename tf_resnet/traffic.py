@@ -51,21 +51,24 @@ class Cluster:
         return min(self.gpus, self.gpus_per_node)
 
 
-def ring_seconds(nbytes, processes, link):
-    """A ring all-reduce: `2(p-1) a + 2(p-1)/p * n / B`."""
+def ring_seconds(nbytes, processes, link, messages=1):
+    """Ring all-reduces: `messages * 2(p-1) a + 2(p-1)/p * n / B`.
+
+    `nbytes` in all, split into `messages` all-reduces (packs), each
+    paying the latency of its `2(p-1)` rounds.
+    """
     p = processes
     if p <= 1:
         return 0.0
-    return (
-        2 * (p - 1) * link.latency + 2 * (p - 1) / p * nbytes / link.bandwidth
-    )
+    rounds = 2 * (p - 1) * messages
+    return rounds * link.latency + 2 * (p - 1) / p * nbytes / link.bandwidth
 
 
-def all_reduce_seconds(nbytes, cluster):
+def all_reduce_seconds(nbytes, cluster, messages=1):
     """A hierarchical all-reduce of `nbytes` on every GPU of `cluster`."""
-    return ring_seconds(nbytes, cluster.per_node, cluster.node) + ring_seconds(
-        nbytes, cluster.nodes, cluster.network
-    )
+    inside = ring_seconds(nbytes, cluster.per_node, cluster.node, messages)
+    between = ring_seconds(nbytes, cluster.nodes, cluster.network, messages)
+    return inside + between
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Knobs:
 
     Attributes:
       compression: bytes per all-reduced value over 4 (0.5: float16).
+      pack_bytes: `--all_reduce_pack_bytes` (0: one message).
       accumulate_steps: micro-batches per update (`--accumulate_steps`).
       average_every: k of `--distribution=averaging`.
       overlap: the fraction of the backward pass the communication can
@@ -81,6 +85,7 @@ class Knobs:
     """
 
     compression: float = 1.0
+    pack_bytes: int = 0
     accumulate_steps: int = 1
     average_every: int = 1
     overlap: float = 0.0
@@ -105,7 +110,9 @@ class AllReduceEveryStep:
           cluster: a `Cluster`.
           knobs: `Knobs`.
         """
-        comm = all_reduce_seconds(gradient_bytes * knobs.compression, cluster)
+        nbytes = gradient_bytes * knobs.compression
+        packs = -(-nbytes // knobs.pack_bytes) if knobs.pack_bytes else 1
+        comm = all_reduce_seconds(nbytes, cluster, packs)
         hidden = knobs.overlap * BACKWARD_SHARE * compute
         return max(0.0, comm - hidden)
 
