@@ -322,9 +322,7 @@ def project(model_step, nbytes, gpus, gpus_per_node, network, engine,
         gpus, gpus_per_node, network, TRANSPORTS[engine.name].efficiency
     )
     exposed = engine.traffic.exposed_seconds(nbytes, compute, cluster, knobs)
-    return Projection(
-        engine, knobs, compute * knobs.accumulate_steps, exposed
-    )
+    return Projection(engine, knobs, compute * knobs.accumulate_steps, exposed)
 
 
 def candidates(average_every=(4, 16), accumulate=(2, 4)):
