@@ -720,6 +720,7 @@ def main():
             results["models"].append(
                 measure_model(cluster, model, args, network, log)
             )
+            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
             with open(args.out, "w") as stream:
                 json.dump(results, stream, indent=1)
     print(report(results))
