@@ -35,7 +35,7 @@ import sys
 
 import numpy as np
 
-from tf_resnet import traffic
+from tf_resnet import native_log, traffic
 
 IMAGENET_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -403,6 +403,7 @@ def main(argv=None):
         parser.error("--gpus and --gpus_per_node must be at least 1")
     network = NETWORKS[args.network]
     step = GPU_STEPS[args.model]
+    native_log.filter_stderr()  # TensorFlow's import notices (absl's).
     nbytes = gradient_bytes(args.model)
     if args.table:
         print(format_table(args.model, step, nbytes, args.gpus_per_node))
