@@ -184,6 +184,27 @@ def start_runtime(**values):
     return runtime.start(make_config(**values))
 
 
+def start_mode(config):
+    """Start-up and the config's distribution mode, as resnet_main does.
+
+    Keras' seed is set in between, so every process builds the same
+    weights.
+    """
+    import keras
+
+    from tf_resnet import runtime
+    from tf_resnet.modes import make_mode
+
+    started = runtime.start(config)
+    keras.utils.set_random_seed(0)
+    return make_mode(
+        started.distribution,
+        config.optim.batch_size,
+        config.distribution,
+        started.devices,
+    )
+
+
 class Stats:
     """Median, min and max of repeated measurements."""
 

@@ -69,13 +69,11 @@ def model_shape(model):
 
 def run_worker(spec):
     """One process of a job: time steps (and all-reduces); rank 0 reports."""
-    import keras
     import numpy as np
     import tensorflow as tf
 
-    from tf_resnet import builders, runtime, train_loop
+    from tf_resnet import builders, train_loop
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.modes import make_mode
     from tf_resnet.settings import make_config
 
     size, classes = model_shape(spec["model"])
@@ -89,14 +87,7 @@ def run_worker(spec):
         dtype="float32",
         **spec["flags"],
     )
-    started = runtime.start(config)
-    keras.utils.set_random_seed(0)
-    mode = make_mode(
-        started.distribution,
-        config.optim.batch_size,
-        config.distribution,
-        started.devices,
-    )
+    mode = common.start_mode(config)
     info = types.SimpleNamespace(num_classes=classes, image_size=size)
     model = builders.build_model(config, mode, info)
     optimizer = builders.build_optimizer(

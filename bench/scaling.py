@@ -49,12 +49,10 @@ RESULT = "SCALING_RESULT "
 
 def run_rank(spec):
     """One rank (or the plain process): time steps and the all-reduce."""
-    import keras
     import tensorflow as tf
 
-    from tf_resnet import builders, runtime, train_loop
+    from tf_resnet import builders, train_loop
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.modes import make_mode
     from tf_resnet.settings import make_config
 
     ranks = processes_in_job()
@@ -68,14 +66,7 @@ def run_rank(spec):
         dtype=spec["dtype"],
         distribution=spec["distribution"],
     )
-    started = runtime.start(config)
-    keras.utils.set_random_seed(0)
-    mode = make_mode(
-        started.distribution,
-        config.optim.batch_size,
-        config.distribution,
-        started.devices,
-    )
+    mode = common.start_mode(config)
     model = builders.build_model(config, mode, common.training_split("cifar10"))
     optimizer = builders.build_optimizer(
         config, mode, model, total_steps=100_000
