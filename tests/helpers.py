@@ -49,20 +49,27 @@ def pinned_version(package, requirements="requirements.txt"):
 PINNED_TENSORFLOW = pinned_version("tensorflow-cpu")
 ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 
-# CI (.ci/run) runs the suite on both requirement sets. A multi-process
-# equivalence or engine run whose point is not the TensorFlow version runs
-# on one: `on_one_set`, the pinned set (requirements.txt, TensorFlow 2.18,
-# which also has Horovod, whose runs share its one-process reference);
-# `on_newest_set`, the newest (requirements-latest.txt), for those of
-# multi_worker and the parameter server that share nothing with the
-# Horovod runs, so that each leg stays within its budget. The engines on
-# the newest TensorFlow keep their own tests too (Ray's cluster, the
-# failure handling). `test_requirement_sets` makes sure each set runs its
-# share.
+# CI (.ci/run) runs the suite on both requirement sets. What differs between
+# the sets is TensorFlow's and Keras' behaviour, which the unit tests and
+# each engine's own runs meet on both. A test whose point is not the
+# TensorFlow version runs on one set only:
+# * `on_one_set`, the pinned set (requirements.txt, TensorFlow 2.18, which
+#   also has Horovod): the multi-process equivalences that share the Horovod
+#   runs' one-process reference; what the GPU set (the pinned set's
+#   variant) runs; and half of each repeated or twin scenario (a restart
+#   at another step, a second exit timing, the other half of the
+#   parameter server's failures);
+# * `on_newest_set`, the newest (requirements-latest.txt): the
+#   equivalences and scenarios of multi_worker and the parameter server
+#   that share nothing with the Horovod runs, the course scripts' runs
+#   without Horovod (the real Slurm leg runs every script on the pinned
+#   set), and the rest of the repeated scenarios;
+# so that each leg stays within its budget. `test_requirement_sets` makes
+# sure each set runs its share.
 on_one_set = pytest.mark.skipif(
     not ON_PINNED_SET,
     reason=(
-        "multi-process equivalence or engine run: runs once, on the pinned "
+        "not about the TensorFlow version: runs once in CI, on the pinned "
         f"set only (requirements.txt, TensorFlow {PINNED_TENSORFLOW}; "
         f".ci/run runs it there); skipped on TensorFlow {tf.__version__} "
         "(e.g. the newest set, requirements-latest.txt): `./setup.sh test` "
@@ -72,13 +79,22 @@ on_one_set = pytest.mark.skipif(
 on_newest_set = pytest.mark.skipif(
     ON_PINNED_SET,
     reason=(
-        "multi-process equivalence or engine run: runs once, on the newest "
+        "not about the TensorFlow version: runs once in CI, on the newest "
         "set only (requirements-latest.txt; .ci/run runs it there); skipped "
         f"on the pinned TensorFlow {PINNED_TENSORFLOW}: "
         "`TF_RESNET_REQUIREMENTS=requirements-latest.txt ./setup.sh test` "
         "runs it"
     ),
 )
+
+
+def one_per_set(pinned, newest):
+    """Parameters of a repeated scenario: the first on each set's leg."""
+    return [
+        pytest.param(pinned, marks=on_one_set),
+        pytest.param(newest, marks=on_newest_set),
+    ]
+
 
 # Enters a loopback-only network namespace, then runs bash SCRIPT.
 IN_PRIVATE_NETWORK = (

@@ -25,7 +25,9 @@ Every Slurm script also runs on a real two-node Slurm
 train under PBS's stand-ins, but for the async job, which trains to the end
 under the Slurm stand-ins while under PBS it loses a worker;
 `test_every_task_has_a_script_per_scheduler` checks what each of the ten
-files runs.
+files runs. The runs without Horovod are bash and the engines' own code,
+which other tests hold on both sets: they run on the newest set only
+(`on_newest_set`), the real Slurm leg running the scripts on the pinned.
 """
 
 import csv
@@ -44,7 +46,12 @@ from tests.data_files import (
     resnet18_weights_file,
     tiny_imagenet_root,
 )
-from tests.helpers import IN_PRIVATE_NETWORK, ROOT, requires_horovod
+from tests.helpers import (
+    IN_PRIVATE_NETWORK,
+    ROOT,
+    on_newest_set,
+    requires_horovod,
+)
 from tf_resnet.recipes import PRESETS
 
 FAKES = {
@@ -247,6 +254,7 @@ def test_every_task_has_a_script_per_scheduler(scheduler):
 
 
 @pytest.mark.slow
+@on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_cifar100(scheduler, tmp_path, cifar100):
     code, text = run_job(
@@ -260,6 +268,7 @@ def test_course_cifar100(scheduler, tmp_path, cifar100):
 
 
 @pytest.mark.slow
+@on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
     log_root = tmp_path / "tin"
@@ -273,6 +282,7 @@ def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
 
 
 @pytest.mark.slow
+@on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
     log_root = tmp_path / "r18"
@@ -330,6 +340,7 @@ def test_a_failed_horovod_job_keeps_the_rank_exit_code_and_ends_on_its_cause(
 
 
 @pytest.mark.slow
+@on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
     """ENGINE=multi_worker: srun/pbsdsh start the workers; no Horovod."""
@@ -358,6 +369,7 @@ def test_sync_job_rejects_an_unknown_engine(tmp_path, cifar100):
 
 
 @pytest.mark.slow
+@on_newest_set
 @pytest.mark.parametrize("scheduler", ["slurm"])
 def test_course_async_cifar100(scheduler, tmp_path, cifar100):
     log_root = tmp_path / "async"
@@ -397,6 +409,7 @@ def _session_processes(session):
 
 
 @pytest.mark.slow
+@on_newest_set
 def test_async_job_ends_when_a_worker_is_lost(tmp_path, cifar100):
     """Under PBS: a dead worker stops the job instead of hanging it.
 

@@ -2,9 +2,11 @@
 
 The cluster tests start real processes through `tf_resnet.launch.ps` (one
 ps, one or two workers, the coordinator), as in-process TensorFlow clusters
-hang. The equivalence with the default mode runs once, on the newest set
-(`on_newest_set`, for CI's budget); the asynchrony, stop and recovery
-tests, which TensorFlow's coordinator decides, run on both sets.
+hang. In CI each runs on one set (tests/helpers.py): the equivalence with
+the default mode, the slow worker and the restarted worker on the newest
+(`on_newest_set`), the killed ps and SIGTERM on the pinned one
+(`on_one_set`); only a lost worker without restarts, the shortest, runs on
+both, so that each set's coordinator is seen to stop a cluster.
 """
 
 import json
@@ -18,7 +20,13 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT, listening_ports, on_newest_set, run_main
+from tests.helpers import (
+    ROOT,
+    listening_ports,
+    on_newest_set,
+    on_one_set,
+    run_main,
+)
 from tf_resnet.distribute import parameter_server
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import ps
@@ -109,6 +117,7 @@ def assert_all_gone(pids):
 
 
 @pytest.mark.slow
+@on_newest_set
 def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
     steps = 60
     # Without momentum: stale gradients from the straggler plus momentum 0.9
@@ -159,6 +168,7 @@ def test_slow_worker_does_not_hold_back_the_fast_one(synthetic_cifar, tmp_path):
 
 
 @pytest.mark.slow
+@on_one_set
 def test_sigterm_checkpoints_stops_all_tasks_and_the_rerun_resumes(
     synthetic_cifar, tmp_path
 ):
@@ -224,6 +234,7 @@ def test_one_worker_trains_exactly_like_the_default_mode(
 
 
 @pytest.mark.slow
+@on_newest_set
 def test_a_killed_worker_is_restarted_and_rejoins(synthetic_cifar, tmp_path):
     run = Launch(
         synthetic_cifar, tmp_path / "run", 2, "--train_steps=200",
@@ -251,6 +262,7 @@ def test_a_killed_worker_is_restarted_and_rejoins(synthetic_cifar, tmp_path):
 
 
 @pytest.mark.slow
+@on_one_set
 def test_a_killed_ps_restarts_the_cluster_from_the_last_checkpoint(
     synthetic_cifar, tmp_path
 ):

@@ -15,6 +15,7 @@ from tests import engine_runs
 from tests.helpers import (
     checkpoint_weights,
     eval_rows,
+    one_per_set,
     requires_horovod,
     run_main,
     scalars,
@@ -32,7 +33,8 @@ def reference(synthetic_cifar, tmp_path_factory):
     return log_root
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+# Two kill steps: one on each set (tests/helpers.py).
+@pytest.mark.parametrize("seed", one_per_set(1, 2))
 def test_sigkill_then_restart_matches_uninterrupted_run(
     synthetic_cifar, reference, tmp_path, seed
 ):
