@@ -528,24 +528,39 @@ def measure_model(cluster, model, args, network, log):
                  "steps": 1, "blocks": 1, "warmup_steps": 1},
             )  # fmt: skip
             result["sweeps"][f"{transport} {processes}"] = run["sweep"]
-    for row in rows(args.average_every, args.pack_bytes):
-        if row.knob and not args.knobs or wanted and row.engine not in wanted:
-            continue
-        measured = {"name": row.name, "flags": row.flags}
-        ps = row.engine == "parameter_server"
-        runs = {
-            "1": job(row.flags, 1) if ps else twin(row.flags),
-            "2": job(row.flags, 2),
-        }
+    selected = [
+        row
+        for row in rows(args.average_every, args.pack_bytes)
+        if (args.knobs or not row.knob)
+        and not (wanted and row.engine not in wanted)
+    ]
+    # Rounds: every row once per round, in alternating order, so that a
+    # drift of the machine's speed touches all rows alike; each round's
+    # job is one sample of the row's step.
+    jobs = {row.name: {"1": [], "2": []} for row in selected}
+    for round_ in range(args.rounds):
+        log(f"  {model}: round {round_ + 1} of {args.rounds}")
+        for row in selected if round_ % 2 == 0 else selected[::-1]:
+            ps = row.engine == "parameter_server"
+            jobs[row.name]["1"].append(
+                job(row.flags, 1) if ps else twin(row.flags)
+            )
+            jobs[row.name]["2"].append(job(row.flags, 2))
+    for row in selected:
+        runs = dict(jobs[row.name])
         if row.name == "horovod":
-            runs["1 alone"] = reference
-        for key, run in runs.items():
+            runs["1 alone"] = [reference]
+        measured = {"name": row.name, "flags": row.flags}
+        for key, samples in runs.items():
+            medians = [statistics.median(run["step_s"]) for run in samples]
+            steps = [s for run in samples for s in run["step_s"]]
             measured[key] = {
-                "step_s": statistics.median(run["step_s"]),
-                "range": [min(run["step_s"]), max(run["step_s"])],
-                "samples": run["step_s"],
-                **({"each_node_s": run["each_node_s"]}
-                   if "each_node_s" in run else {}),
+                "step_s": statistics.median(medians),
+                "rounds": medians,
+                "range": [min(steps), max(steps)],
+                "samples": steps,
+                **({"each_node_s": [run["each_node_s"] for run in samples]}
+                   if "each_node_s" in samples[0] else {}),
             }  # fmt: skip
         result["rows"].append(measured)
     return result
@@ -630,9 +645,9 @@ def report(results):
         by_name = {row["name"]: row for row in result["rows"]}
         lines += [
             "",
-            "| engine | 1 node ms | 2 nodes ms | speed-up | predicted 2 nodes "
-            "ms | error |",
-            "| --- | --- | --- | --- | --- | --- |",
+            "| engine | 1 node ms | 2 nodes ms | 2 nodes, each round ms | "
+            "speed-up | predicted 2 nodes ms | error |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in result["rows"]:
             one, two = row["1"]["step_s"], row["2"]["step_s"]
@@ -653,9 +668,12 @@ def report(results):
             # Throughput of 2 against 1: a synchronous step does twice the
             # work; a parameter-server step is one update either way.
             speedup = one / two * (1 if engine.asynchronous else 2)
+            each = ", ".join(
+                f"{1e3 * t:.0f}" for t in row["2"].get("rounds", [])
+            )
             lines.append(
                 f"| {row['name']} | {1e3 * one:.0f} | {1e3 * two:.0f} | "
-                f"{speedup:.2f}x | {1e3 * predicted:.0f} | "
+                f"{each or '-'} | {speedup:.2f}x | {1e3 * predicted:.0f} | "
                 f"{100 * (predicted / two - 1):+.1f}% |"
             )
         lines.append("")
@@ -676,6 +694,10 @@ def main():
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--sweep_repeats", type=int, default=5)
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="jobs per row and node count; the row's step is their median",
+    )  # fmt: skip
     parser.add_argument("--average_every", type=int, default=4)
     parser.add_argument("--pack_bytes", type=int, default=4 * 2**20)
     parser.add_argument(
