@@ -63,7 +63,8 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 #   equivalences and scenarios of multi_worker and the parameter server
 #   that share nothing with the Horovod runs, the course scripts' runs
 #   without Horovod (the real Slurm leg runs every script on the pinned
-#   set), and the rest of the repeated scenarios;
+#   set), the checks of flags and of the run directory that train only
+#   to reach them, and the rest of the repeated scenarios;
 # so that each leg stays within its budget. `test_requirement_sets` makes
 # sure each set runs its share.
 on_one_set = pytest.mark.skipif(

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.helpers import run_main
+from tests.helpers import on_newest_set, run_main
 
 
 def base_args(synthetic, log_root):
@@ -36,6 +36,7 @@ def base_args(synthetic, log_root):
         ),
     ],
 )
+@on_newest_set  # Flag checks, not TensorFlow's (tests/helpers.py).
 def test_contradictory_or_wrong_flags_fail_clearly(
     synthetic_cifar, tmp_path, extra, message
 ):
@@ -101,6 +102,7 @@ def test_a_run_on_cifar_binaries_logs_no_error_line(synthetic_cifar, tmp_path):
     assert not errors, errors
 
 
+@on_newest_set  # The loop's logging, not TensorFlow's (tests/helpers.py).
 def test_progress_comes_by_the_clock_as_well_as_by_steps(
     synthetic_cifar, tmp_path
 ):

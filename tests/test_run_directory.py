@@ -8,9 +8,16 @@ import subprocess
 
 import pytest
 
-from tests.helpers import run_main, start_main, train_args, wait_for_step
+from tests.helpers import (
+    on_newest_set,
+    run_main,
+    start_main,
+    train_args,
+    wait_for_step,
+)
 
 
+@on_newest_set  # The run directory's lock (tests/helpers.py).
 def test_a_second_run_on_the_same_log_root_is_refused(
     synthetic_cifar, tmp_path
 ):
@@ -77,6 +84,7 @@ def test_no_readable_checkpoint_fails_naming_them(synthetic_cifar, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
+@on_newest_set  # The run directory's config.json (tests/helpers.py).
 def test_a_corrupt_config_json_is_one_error_with_advice_that_works(
     synthetic_cifar, tmp_path
 ):
