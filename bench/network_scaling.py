@@ -33,6 +33,7 @@ Per model it prints, and writes to `--out`:
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -73,6 +74,7 @@ def run_worker(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.distribute.averaging import float_variables
     from tf_resnet.distribute.base import TrainState
     from tf_resnet.settings import make_config
 
@@ -137,6 +139,16 @@ def run_worker(spec):
             if v.dtype in ("float32",)
         ),
     }
+    if hasattr(mode, "average_in_place"):
+        # The averaging engine's own all-reduce (weights, statistics and
+        # slots, as `after_step` does), timed alone: what the model's
+        # all-reduce of its bytes stands for.
+        variables = float_variables(state.variables)
+        result["average_s"] = []
+        for _ in range(3):
+            start = time.perf_counter()
+            mode.average_in_place(variables)
+            result["average_s"].append(time.perf_counter() - start)
     if spec.get("sweep"):
         fp16 = spec["flags"].get("gradient_compression") == "fp16"
         result["sweep"] = sweep(
@@ -508,6 +520,7 @@ def measure_model(cluster, model, args, network, log):
         "link_mbit": rate,
         "iperf3_mbit": goodput,
         "gradient_bytes": n,
+        "state_bytes": reference["state_bytes"],
         "sweeps": {},
         "rows": [],
     }
@@ -537,6 +550,9 @@ def measure_model(cluster, model, args, network, log):
     # Rounds: every row once per round, in alternating order, so that a
     # drift of the machine's speed touches all rows alike; each round's
     # job is one sample of the row's step.
+    # Horovod's row also times its step with no other process on the
+    # machine ("1 alone"), each round: parameter_server's model takes its
+    # network time as its 1-node step less that one.
     jobs = {row.name: {"1": [], "2": []} for row in selected}
     for round_ in range(args.rounds):
         log(f"  {model}: round {round_ + 1} of {args.rounds}")
@@ -546,10 +562,11 @@ def measure_model(cluster, model, args, network, log):
                 job(row.flags, 1) if ps else twin(row.flags)
             )
             jobs[row.name]["2"].append(job(row.flags, 2))
+            if row.name == "horovod":
+                alone = jobs[row.name].setdefault("1 alone", [])
+                alone.append(job(row.flags, 1))
     for row in selected:
-        runs = dict(jobs[row.name])
-        if row.name == "horovod":
-            runs["1 alone"] = [reference]
+        runs = jobs[row.name]
         measured = {"name": row.name, "flags": row.flags}
         for key, samples in runs.items():
             medians = [statistics.median(run["step_s"]) for run in samples]
@@ -561,6 +578,8 @@ def measure_model(cluster, model, args, network, log):
                 "samples": steps,
                 **({"each_node_s": [run["each_node_s"] for run in samples]}
                    if "each_node_s" in samples[0] else {}),
+                **({"average_s": [min(run["average_s"]) for run in samples]}
+                   if "average_s" in samples[0] else {}),
             }  # fmt: skip
         result["rows"].append(measured)
     return result
@@ -605,6 +624,34 @@ def transport_of(flags):
     return f"{engine}+fp16" if fp16 else engine
 
 
+def predict_row(result, fits, by_name, flags, one, round_=None):
+    """The model's 2-node step of a row whose 1-node step is `one`.
+
+    `round_`: the other rows' steps are that round's, where measured.
+    """
+    engine = engines.ENGINES[flags["distribution"]]
+
+    def step(name, key):
+        measured = by_name[name][key]
+        rounds = measured.get("rounds", [])
+        if round_ is not None and round_ < len(rounds):
+            return rounds[round_]
+        return measured["step_s"]
+
+    if engine.traffic is traffic.PUSH_PULL:
+        # One worker's pull and push: its step less the step alone.
+        alone = step("horovod", "1 alone")
+        fit = scaling.RingFit(
+            0, 0, 2 * result["gradient_bytes"] / (one - alone)
+        )
+        base = step("horovod", "1")
+    else:
+        fit, base = fits[transport_of(flags)], one
+    return scaling.predict_two_nodes(
+        engine, knobs_of(flags), base, fit, result["gradient_bytes"]
+    )
+
+
 def report(results):
     """The Markdown tables of `results` (the `--out` file)."""
     lines = [f"{results['cpu']}, {results['date']}", ""]
@@ -646,36 +693,46 @@ def report(results):
         lines += [
             "",
             "| engine | 1 node ms | 2 nodes ms | 2 nodes, each round ms | "
-            "speed-up | predicted 2 nodes ms | error |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            "speed-up | predicted 2 nodes ms | error | error, each round |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in result["rows"]:
             one, two = row["1"]["step_s"], row["2"]["step_s"]
-            flags = row["flags"]
-            engine = engines.ENGINES[flags["distribution"]]
-            if engine.traffic is traffic.PUSH_PULL:
-                # One worker's pull and push: its step less the step alone.
-                alone = by_name["horovod"]["1 alone"]["step_s"]
-                busy = by_name["horovod"]["1"]["step_s"]
-                fit = scaling.RingFit(0, 0, 2 * result["gradient_bytes"] /
-                                      (one - alone))  # fmt: skip
-                base = busy
-            else:
-                fit, base = fits[transport_of(flags)], one
-            predicted = scaling.predict_two_nodes(
-                engine, knobs_of(flags), base, fit, result["gradient_bytes"]
+            engine = engines.ENGINES[row["flags"]["distribution"]]
+            predict = functools.partial(
+                predict_row, result, fits, by_name, row["flags"]
             )
+            # Each round's 1-node and 2-node jobs ran one after the other:
+            # its error is free of the machine's drift between rounds.
+            ones = row["1"].get("rounds", [one])
+            twos = row["2"].get("rounds", [two])
+            errors = [
+                predict(o, i) / t - 1
+                for i, (o, t) in enumerate(zip(ones, twos, strict=True))
+            ]
             # Throughput of 2 against 1: a synchronous step does twice the
             # work; a parameter-server step is one update either way.
             speedup = one / two * (1 if engine.asynchronous else 2)
-            each = ", ".join(
-                f"{1e3 * t:.0f}" for t in row["2"].get("rounds", [])
-            )
             lines.append(
                 f"| {row['name']} | {1e3 * one:.0f} | {1e3 * two:.0f} | "
-                f"{each or '-'} | {speedup:.2f}x | {1e3 * predicted:.0f} | "
-                f"{100 * (predicted / two - 1):+.1f}% |"
+                f"{', '.join(f'{1e3 * t:.0f}' for t in twos)} | "
+                f"{speedup:.2f}x | {1e3 * predict(one):.0f} | "
+                f"{100 * statistics.median(errors):+.1f}% | "
+                f"{', '.join(f'{100 * e:+.0f}%' for e in errors)} |"
             )
+        for row in result["rows"]:
+            if "average_s" not in row["2"]:
+                continue
+            nbytes = result.get("state_bytes", 2 * result["gradient_bytes"])
+            fitted = fits[transport_of(row["flags"])](nbytes, 2)
+            each = ", ".join(f"{1e3 * t:.0f}" for t in row["2"]["average_s"])
+            lines += [
+                "",
+                f"{row['name']}: its all-reduce of {nbytes / 1e6:.1f} MB "
+                f"(weights, statistics, slots) alone in the 2-node jobs: "
+                f"{each} ms (each round's fastest of 3); the fit: "
+                f"{1e3 * fitted:.0f} ms.",
+            ]
         lines.append("")
     return "\n".join(lines)
 
