@@ -21,7 +21,9 @@ launchers do, since Horovod's rendezvous and TensorFlow's gRPC servers
 listen on all interfaces.
 
 Every Slurm script also runs on a real two-node Slurm
-(`tests/test_slurm_cluster.py`, marked `cluster`), so here the scripts
+(`tests/test_slurm_cluster.py`, and the course's multi-node ones submitted
+by a plain user, `tests/test_cluster_user.py`; marked `cluster`), so here
+the scripts
 train under PBS's stand-ins, but for the async job, which trains to the end
 under the Slurm stand-ins while under PBS it loses a worker;
 `test_every_task_has_a_script_per_scheduler` checks what each of the ten

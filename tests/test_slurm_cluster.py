@@ -9,7 +9,9 @@ the packages `./setup.sh test` installs; skipped otherwise.
 * Every Slurm script in scripts/ is submitted with sbatch as the docs tell
   a user, small by the environment variables the scripts read; each ends
   COMPLETED in Slurm's job completion log and leaves its learning curve,
-  and the multi-process jobs put their processes on both nodes.
+  and the multi-process jobs put their processes on both nodes. The
+  course's multi-node scripts are submitted by a plain user instead
+  (`tests/test_cluster_user.py`, on this cluster).
 * Workers on both nodes train as the loopback tests' standard asks: the
   same weights and BatchNorm statistics on every worker, equal to one
   process to 1e-4 (multi_worker under srun, averaging every step,
@@ -73,7 +75,10 @@ def data(tmp_path_factory):
     return batch_job_data(tmp_path_factory.mktemp("data"))
 
 
-# name: (script, environment, sbatch options, processes, nodes used)
+# name: (script, environment, sbatch options, processes, nodes used).
+# The course's multi-node jobs (the sync job with Horovod over ssh and with
+# multi_worker, the async job) run as a plain user on this same cluster
+# (`tests/test_cluster_user.py`), which is how students run them.
 JOBS = {
     "course_cifar100": (
         "slurm/course_cifar100.sbatch", {"EXTRA_FLAGS": f"{SMALL} {CPU}"},
@@ -90,18 +95,6 @@ JOBS = {
                                       "--stem=cifar") + f" {CPU}"},
         (), 1,
     ),
-    "course_sync_cifar100": (
-        "slurm/course_sync_cifar100.sbatch",
-        {"EXTRA_FLAGS": SMALL, "HOROVOD_FLAGS": "--network-interface eth0"},
-        (), 4,
-    ),
-    "course_sync_cifar100_multi_worker": (
-        "slurm/course_sync_cifar100.sbatch",
-        {"EXTRA_FLAGS": SMALL, "ENGINE": "multi_worker"}, (), 4,
-    ),
-    "course_async_cifar100": (
-        "slurm/course_async_cifar100.sbatch", {"EXTRA_FLAGS": SMALL}, (), 5,
-    ),
     # One rank per node instead of the header's four, by sbatch's options.
     "train_horovod": (
         "train_horovod.slurm",
@@ -110,7 +103,7 @@ JOBS = {
         ("--ntasks-per-node=1", "--gpus-per-node=1"), 2,
     ),
 }  # fmt: skip
-HOROVOD_JOBS = ("course_sync_cifar100", "train_horovod")
+HOROVOD_JOBS = ("train_horovod",)
 
 
 def submit(cluster, name, data, home):
