@@ -56,15 +56,17 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 # * `on_one_set`, the pinned set (requirements.txt, TensorFlow 2.18, which
 #   also has Horovod): the multi-process equivalences that share the Horovod
 #   runs' one-process reference; what the GPU set (the pinned set's
-#   variant) runs; and half of each repeated or twin scenario (a restart
+#   variant) runs, `scripts/gpu_check.sh`, which also holds mirrored to
+#   one device; and half of each repeated or twin scenario (a restart
 #   at another step, a second exit timing, the other half of the
 #   parameter server's failures);
 # * `on_newest_set`, the newest (requirements-latest.txt): the
 #   equivalences and scenarios of multi_worker and the parameter server
 #   that share nothing with the Horovod runs, the course scripts' runs
-#   without Horovod (the real Slurm leg runs every script on the pinned
-#   set), the checks of flags and of the run directory that train only
-#   to reach them, and the rest of the repeated scenarios;
+#   without Horovod (the real Slurm legs run every script on the pinned
+#   set), mirrored = one device on its own, the checks of flags and of
+#   the run directory that train only to reach them, and the rest of the
+#   repeated scenarios;
 # so that each leg stays within its budget. `test_requirement_sets` makes
 # sure each set runs its share.
 on_one_set = pytest.mark.skipif(
