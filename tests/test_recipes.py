@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.helpers import flag_values, run_main, train_args
+from tests.helpers import flag_values, on_newest_set, run_main, train_args
 from tf_resnet import config as config_lib
 from tf_resnet import recipes, settings
 
@@ -108,6 +108,9 @@ def _eval_rows(path, column="precision"):
         }
 
 
+# The plain resume runs on both sets (test_training); this one, of the
+# run's own knobs, on the newest only (tests/helpers.py).
+@on_newest_set
 def test_ema_and_tta_survive_a_resume_and_the_eval_job(
     synthetic_cifar, tmp_path
 ):

@@ -108,6 +108,7 @@ def test_a_corrupt_config_json_is_one_error_with_advice_that_works(
     assert re.search(r"resumed from \S+ckpt-2 at step 2\b", proc.stderr)
 
 
+@on_newest_set  # The run directory's config.json (tests/helpers.py).
 def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
     synthetic_cifar, tmp_path
 ):
