@@ -301,23 +301,27 @@ def test_parameter_server_on_another_node_trains_like_one_process(
 
 # Preemption -----------------------------------------------------------------
 
+# Each engine's job, requeued by hand (`scontrol requeue`: SIGTERM to every
+# process) and, where the script's shell handles it apart, by the time
+# limit's warning (#SBATCH --signal=B:USR1@300), which the job answers by
+# requeueing itself. Both requeued jobs run beside one job never stopped,
+# whose final weights they must end with.
 REQUEUE_JOBS = {
     "multi_worker": (
         "slurm/course_sync_cifar100.sbatch",
         {"ENGINE": "multi_worker"},
+        ("requeue", "time_limit"),
     ),
     "horovod": (
         "slurm/course_sync_cifar100.sbatch",
         {"HOROVOD_FLAGS": "--network-interface eth0"},
+        ("requeue",),
     ),
-    "parameter_server": ("slurm/course_async_cifar100.sbatch", {}),
-    # Not requeued by hand: the time limit's warning (#SBATCH
-    # --signal=B:USR1@300), which the job answers by requeueing itself.
-    "time_limit": (
-        "slurm/course_sync_cifar100.sbatch",
-        {"ENGINE": "multi_worker"},
+    "parameter_server": (
+        "slurm/course_async_cifar100.sbatch",
+        {},
+        ("requeue", "time_limit"),
     ),
-    "parameter_server_time_limit": ("slurm/course_async_cifar100.sbatch", {}),
 }
 
 
@@ -347,30 +351,50 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
 ):
     if engine == "horovod" and requires_horovod.args[0]:
         pytest.skip("needs Horovod (the pinned requirement set)")
-    script, env = REQUEUE_JOBS[engine]
-    straight_home, requeued_home = tmp_path / "straight", tmp_path / "requeued"
-    straight_home.mkdir()
-    requeued_home.mkdir()
-    straight = submit_small(cluster, data, straight_home, script, env)
-    requeued = submit_small(cluster, data, requeued_home, script, env)
-    # After the first periodic checkpoint: the stop's is a later one.
-    wait_for_output(requeued_home, r"step 13/60")
-    if engine.endswith("time_limit"):
-        cluster.run(["scancel", "--batch", "--signal=USR1", requeued])
-    else:
-        cluster.run(["scontrol", "requeue", requeued])
-    for job, home in ((straight, straight_home), (requeued, requeued_home)):
+    script, env, triggers = REQUEUE_JOBS[engine]
+    homes = {name: tmp_path / name for name in ("straight", *triggers)}
+    jobs = {}
+    for name, home in homes.items():
+        home.mkdir()
+        jobs[name] = submit_small(cluster, data, home, script, env)
+    for trigger in triggers:
+        # After the first periodic checkpoint: the stop's is a later one.
+        wait_for_output(homes[trigger], r"step 13/60")
+        if trigger == "time_limit":
+            cluster.run(["scancel", "--batch", "--signal=USR1", jobs[trigger]])
+        else:
+            cluster.run(["scontrol", "requeue", jobs[trigger]])
+    for name, job in jobs.items():
         record = cluster.wait(job, JOB_TIMEOUT)
-        assert record["JobState"] == "COMPLETED", output_of(home)[-5000:]
-    assert cluster.job(requeued)["Restarts"] == "1"
-    text = output_of(requeued_home)
-    if engine.endswith("time_limit"):
+        text = output_of(homes[name])
+        assert record["JobState"] == "COMPLETED", text[-5000:]
+    (reference,) = glob.glob(os.path.join(homes["straight"], "runs", "*"))
+    expected = checkpoint_weights(reference)
+    assert len(expected) > 100
+    for trigger in triggers:
+        check_requeued(cluster, engine, trigger, jobs[trigger], homes[trigger])
+        # The same run directory both times (the job id is kept), and the
+        # final weights of a run that was never stopped.
+        (run,) = glob.glob(os.path.join(homes[trigger], "runs", "*"))
+        actual = checkpoint_weights(run)
+        assert expected.keys() == actual.keys(), trigger
+        for name, value in expected.items():
+            np.testing.assert_allclose(
+                actual[name], value, rtol=1e-5, atol=1e-6,
+                err_msg=f"{trigger}: {name}",
+            )  # fmt: skip
+
+
+def check_requeued(cluster, engine, trigger, job, home):
+    """The job restarted once; every training process stopped at one
+    step, and the job's second start resumed there, in every process."""
+    assert cluster.job(job)["Restarts"] == "1", trigger
+    text = output_of(home)
+    if trigger == "time_limit":
         assert "the time limit is near: checkpointing" in text, text[-5000:]
-        assert f"requeueing job {requeued}" in text, text[-5000:]
-    # Every training process stopped at one step, and the job's second
-    # start resumed there, in every process.
+        assert f"requeueing job {job}" in text, text[-5000:]
     stops = re.findall(r"resnet_main: stopped: .* at step (\d+)", text)
-    processes = 1 if engine.startswith("parameter_server") else 2
+    processes = 1 if engine == "parameter_server" else 2
     # horovodrun ends the ssh session of the rank on node2 on SIGTERM, so
     # that rank's last lines are lost; it stops with the others all the
     # same (it resumes from their checkpoint, below).
@@ -380,16 +404,6 @@ def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
     assert 13 <= stop < 60, text[-5000:]
     resumed = re.findall(r"resumed from \S+ckpt-(\d+) at step (\d+)", text)
     assert resumed == [(str(stop), str(stop))] * processes, text[-5000:]
-    (run,) = glob.glob(os.path.join(requeued_home, "runs", "*"))
-    (reference,) = glob.glob(os.path.join(straight_home, "runs", "*"))
-    # The same run directory both times (the job id is kept), and the
-    # final weights of a run that was never stopped.
-    expected, actual = checkpoint_weights(reference), checkpoint_weights(run)
-    assert expected.keys() == actual.keys() and len(actual) > 100
-    for name, value in expected.items():
-        np.testing.assert_allclose(
-            actual[name], value, rtol=1e-5, atol=1e-6, err_msg=name
-        )
 
 
 def test_a_killed_job_loses_only_the_steps_since_its_checkpoint(
