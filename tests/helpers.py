@@ -269,6 +269,18 @@ def checkpoint_weights(log_root):
     }
 
 
+def assert_resumed_like_uninterrupted(resumed, uninterrupted, label=""):
+    """The latest checkpoint of a resumed run holds the uninterrupted run's
+    variables: the same ops from a restored state, so equal to rtol 1e-5."""
+    expected = checkpoint_weights(uninterrupted)
+    actual = checkpoint_weights(resumed)
+    assert expected.keys() == actual.keys() and len(expected) > 100, label
+    for name, value in expected.items():
+        np.testing.assert_allclose(
+            actual[name], value, rtol=1e-5, atol=1e-6, err_msg=f"{label}{name}"
+        )
+
+
 def eval_rows(log_root):
     """`(step, precision)` rows of a run's eval.csv."""
     with open(os.path.join(log_root, "eval.csv"), newline="") as stream:
