@@ -64,10 +64,10 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 #   equivalences and scenarios of multi_worker and the parameter server
 #   that share nothing with the Horovod runs, the course scripts' runs
 #   without Horovod (the real Slurm legs run every script on the pinned
-#   set), mirrored = one device on its own, the checks of flags, presets
-#   and of the run directory that train only to reach them (the resume
-#   of the EMA and TTA knobs too; the plain resume runs on both), and the
-#   rest of the repeated scenarios;
+#   set), mirrored = one device on its own, the checks of flags, presets,
+#   the run directory and the export folder that train only to reach them
+#   (the resume of the EMA and TTA knobs too; the plain resume runs on
+#   both), and the rest of the repeated scenarios;
 # so that each leg stays within its budget. `test_requirement_sets` makes
 # sure each set runs its share.
 on_one_set = pytest.mark.skipif(

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from tests import exported
 from tests.exported import TrainingModel
-from tests.helpers import run_main
+from tests.helpers import on_newest_set, run_main
 from tf_resnet import summaries
 
 # Each trains its own run; the second has every knob that export must
@@ -139,6 +139,7 @@ def test_export_writes_keras_model_labels_and_facts(variant, synthetic_cifar):
     assert model.dtype_policy.name == "float32"
 
 
+@on_newest_set  # A flag's check (tests/helpers.py).
 def test_checkpoint_flag_exports_an_older_checkpoint(
     runs, synthetic_cifar, tmp_path
 ):
@@ -167,6 +168,7 @@ def test_checkpoint_flag_exports_an_older_checkpoint(
     assert difference.max() > 100 * TOLERANCE
 
 
+@on_newest_set  # The export folder's files (tests/helpers.py).
 def test_export_replaces_an_earlier_export_not_other_files(runs, tmp_path):
     log_root, _ = runs.get("paper")
     export_dir = tmp_path / "export"

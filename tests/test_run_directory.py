@@ -40,6 +40,7 @@ def test_a_second_run_on_the_same_log_root_is_refused(
     assert not os.path.exists(tmp_path / "run.lock")
 
 
+@on_newest_set  # The run directory's lock (tests/helpers.py).
 def test_a_lock_left_by_a_killed_run_is_taken_over(synthetic_cifar, tmp_path):
     dead_pid = _finished_pid()
     (tmp_path / "run.lock").write_text(

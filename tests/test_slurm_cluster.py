@@ -6,6 +6,9 @@ private bridge: jobs are queued, placed and signalled by Slurm itself, and
 the processes of a job talk over the bridge, not loopback. Needs root and
 the packages `./setup.sh test` installs; skipped otherwise.
 
+* `scontrol requeue` in the middle of a job: its processes stop at one
+  step, the requeued job resumes by itself and ends with the weights of an
+  uninterrupted run.
 * Every Slurm script in scripts/ is submitted with sbatch as the docs tell
   a user, small by the environment variables the scripts read; each ends
   COMPLETED in Slurm's job completion log and leaves its learning curve,
@@ -16,9 +19,9 @@ the packages `./setup.sh test` installs; skipped otherwise.
   same weights and BatchNorm statistics on every worker, equal to one
   process to 1e-4 (multi_worker under srun, averaging every step,
   Horovod ranks started over ssh, a parameter server on the other node).
-* `scontrol requeue` in the middle of a job: its processes stop at one
-  step, the requeued job resumes by itself and ends with the weights of an
-  uninterrupted run.
+* A job whose processes are killed, submitted again, loses only the steps
+  since its last checkpoint; a frozen worker on the other node ends its
+  job.
 """
 
 import csv
@@ -78,6 +81,109 @@ def cluster(tmp_path_factory):
 def data(tmp_path_factory):
     return batch_job_data(tmp_path_factory.mktemp("data"))
 
+
+# Preemption -----------------------------------------------------------------
+
+# The requeue tests come first, as the longest: pytest-xdist's worksteal
+# gives each worker a contiguous half of the file, and the long tests at
+# its head leave short ones for the other worker to steal at the end.
+# Each engine's job, requeued by hand (`scontrol requeue`: SIGTERM to every
+# process) and, where the script's shell handles it apart, by the time
+# limit's warning (#SBATCH --signal=B:USR1@300), which the job answers by
+# requeueing itself. Both requeued jobs run beside one job never stopped,
+# whose final weights they must end with.
+REQUEUE_JOBS = {
+    "multi_worker": (
+        "slurm/course_sync_cifar100.sbatch",
+        {"ENGINE": "multi_worker"},
+        ("requeue", "time_limit"),
+    ),
+    "horovod": (
+        "slurm/course_sync_cifar100.sbatch",
+        {"HOROVOD_FLAGS": "--network-interface eth0"},
+        ("requeue",),
+    ),
+    "parameter_server": (
+        "slurm/course_async_cifar100.sbatch",
+        {},
+        ("requeue", "time_limit"),
+    ),
+}
+
+
+def submit_small(cluster, data, home, script, env):
+    """`script` with one task slot per node and REQUEUE_FLAGS; the job id."""
+    env = {
+        "TRAIN_DATA": data["TRAIN_DATA"], "EVAL_DATA": data["EVAL_DATA"],
+        "HOME": str(home), "REPO": ROOT, "EXTRA_FLAGS": REQUEUE_FLAGS, **env,
+    }  # fmt: skip
+    path = os.path.join(ROOT, "scripts", script)
+    return cluster.sbatch(path, home, env, ("--ntasks-per-node=1",))
+
+
+def wait_for_output(home, pattern, timeout=300):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, output_of(home)):
+            return
+        time.sleep(0.5)
+    text = output_of(home)[-4000:]
+    pytest.fail(f"no {pattern!r} in the job's output:\n{text}")
+
+
+@pytest.mark.parametrize("engine", REQUEUE_JOBS)
+def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
+    cluster, data, tmp_path, engine
+):
+    if engine == "horovod" and requires_horovod.args[0]:
+        pytest.skip("needs Horovod (the pinned requirement set)")
+    script, env, triggers = REQUEUE_JOBS[engine]
+    homes = {name: tmp_path / name for name in ("straight", *triggers)}
+    jobs = {}
+    for name, home in homes.items():
+        home.mkdir()
+        jobs[name] = submit_small(cluster, data, home, script, env)
+    for trigger in triggers:
+        # After the first periodic checkpoint: the stop's is a later one.
+        wait_for_output(homes[trigger], r"step 13/60")
+        if trigger == "time_limit":
+            cluster.run(["scancel", "--batch", "--signal=USR1", jobs[trigger]])
+        else:
+            cluster.run(["scontrol", "requeue", jobs[trigger]])
+    for name, job in jobs.items():
+        record = cluster.wait(job, JOB_TIMEOUT)
+        assert record["JobState"] == "COMPLETED", output_of(homes[name])[-5000:]
+    (reference,) = glob.glob(os.path.join(homes["straight"], "runs", "*"))
+    for trigger in triggers:
+        check_requeued(cluster, engine, trigger, jobs[trigger], homes[trigger])
+        # The same run directory both times (the job id is kept), and the
+        # final weights of a run that was never stopped.
+        (run,) = glob.glob(os.path.join(homes[trigger], "runs", "*"))
+        assert_resumed_like_uninterrupted(run, reference, f"{trigger}: ")
+
+
+def check_requeued(cluster, engine, trigger, job, home):
+    """The job restarted once; every training process stopped at one
+    step, and the job's second start resumed there, in every process."""
+    assert cluster.job(job)["Restarts"] == "1", trigger
+    text = output_of(home)
+    if trigger == "time_limit":
+        assert "the time limit is near: checkpointing" in text, text[-5000:]
+        assert f"requeueing job {job}" in text, text[-5000:]
+    stops = re.findall(r"resnet_main: stopped: .* at step (\d+)", text)
+    processes = 1 if engine == "parameter_server" else 2
+    # horovodrun ends the ssh session of the rank on node2 on SIGTERM, so
+    # that rank's last lines are lost; it stops with the others all the
+    # same (it resumes from their checkpoint, below).
+    expected = 1 if engine == "horovod" else processes
+    assert len(stops) == expected and len(set(stops)) == 1, text[-5000:]
+    stop = int(stops[0])
+    assert 13 <= stop < 60, text[-5000:]
+    resumed = re.findall(r"resumed from \S+ckpt-(\d+) at step (\d+)", text)
+    assert resumed == [(str(stop), str(stop))] * processes, text[-5000:]
+
+
+# Every script ---------------------------------------------------------------
 
 # name: (script, environment, sbatch options, processes, nodes used).
 # The course's multi-node jobs (the sync job with Horovod over ssh and with
@@ -303,102 +409,7 @@ def test_parameter_server_on_another_node_trains_like_one_process(
         assert value == pytest.approx(reference, abs=0.01)
 
 
-# Preemption -----------------------------------------------------------------
-
-# Each engine's job, requeued by hand (`scontrol requeue`: SIGTERM to every
-# process) and, where the script's shell handles it apart, by the time
-# limit's warning (#SBATCH --signal=B:USR1@300), which the job answers by
-# requeueing itself. Both requeued jobs run beside one job never stopped,
-# whose final weights they must end with.
-REQUEUE_JOBS = {
-    "multi_worker": (
-        "slurm/course_sync_cifar100.sbatch",
-        {"ENGINE": "multi_worker"},
-        ("requeue", "time_limit"),
-    ),
-    "horovod": (
-        "slurm/course_sync_cifar100.sbatch",
-        {"HOROVOD_FLAGS": "--network-interface eth0"},
-        ("requeue",),
-    ),
-    "parameter_server": (
-        "slurm/course_async_cifar100.sbatch",
-        {},
-        ("requeue", "time_limit"),
-    ),
-}
-
-
-def submit_small(cluster, data, home, script, env):
-    """`script` with one task slot per node and REQUEUE_FLAGS; the job id."""
-    env = {
-        "TRAIN_DATA": data["TRAIN_DATA"], "EVAL_DATA": data["EVAL_DATA"],
-        "HOME": str(home), "REPO": ROOT, "EXTRA_FLAGS": REQUEUE_FLAGS, **env,
-    }  # fmt: skip
-    path = os.path.join(ROOT, "scripts", script)
-    return cluster.sbatch(path, home, env, ("--ntasks-per-node=1",))
-
-
-def wait_for_output(home, pattern, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.search(pattern, output_of(home)):
-            return
-        time.sleep(0.5)
-    text = output_of(home)[-4000:]
-    pytest.fail(f"no {pattern!r} in the job's output:\n{text}")
-
-
-@pytest.mark.parametrize("engine", REQUEUE_JOBS)
-def test_a_requeued_job_stops_at_one_step_and_resumes_by_itself(
-    cluster, data, tmp_path, engine
-):
-    if engine == "horovod" and requires_horovod.args[0]:
-        pytest.skip("needs Horovod (the pinned requirement set)")
-    script, env, triggers = REQUEUE_JOBS[engine]
-    homes = {name: tmp_path / name for name in ("straight", *triggers)}
-    jobs = {}
-    for name, home in homes.items():
-        home.mkdir()
-        jobs[name] = submit_small(cluster, data, home, script, env)
-    for trigger in triggers:
-        # After the first periodic checkpoint: the stop's is a later one.
-        wait_for_output(homes[trigger], r"step 13/60")
-        if trigger == "time_limit":
-            cluster.run(["scancel", "--batch", "--signal=USR1", jobs[trigger]])
-        else:
-            cluster.run(["scontrol", "requeue", jobs[trigger]])
-    for name, job in jobs.items():
-        record = cluster.wait(job, JOB_TIMEOUT)
-        assert record["JobState"] == "COMPLETED", output_of(homes[name])[-5000:]
-    (reference,) = glob.glob(os.path.join(homes["straight"], "runs", "*"))
-    for trigger in triggers:
-        check_requeued(cluster, engine, trigger, jobs[trigger], homes[trigger])
-        # The same run directory both times (the job id is kept), and the
-        # final weights of a run that was never stopped.
-        (run,) = glob.glob(os.path.join(homes[trigger], "runs", "*"))
-        assert_resumed_like_uninterrupted(run, reference, f"{trigger}: ")
-
-
-def check_requeued(cluster, engine, trigger, job, home):
-    """The job restarted once; every training process stopped at one
-    step, and the job's second start resumed there, in every process."""
-    assert cluster.job(job)["Restarts"] == "1", trigger
-    text = output_of(home)
-    if trigger == "time_limit":
-        assert "the time limit is near: checkpointing" in text, text[-5000:]
-        assert f"requeueing job {job}" in text, text[-5000:]
-    stops = re.findall(r"resnet_main: stopped: .* at step (\d+)", text)
-    processes = 1 if engine == "parameter_server" else 2
-    # horovodrun ends the ssh session of the rank on node2 on SIGTERM, so
-    # that rank's last lines are lost; it stops with the others all the
-    # same (it resumes from their checkpoint, below).
-    expected = 1 if engine == "horovod" else processes
-    assert len(stops) == expected and len(set(stops)) == 1, text[-5000:]
-    stop = int(stops[0])
-    assert 13 <= stop < 60, text[-5000:]
-    resumed = re.findall(r"resumed from \S+ckpt-(\d+) at step (\d+)", text)
-    assert resumed == [(str(stop), str(stop))] * processes, text[-5000:]
+# Failures -------------------------------------------------------------------
 
 
 def test_a_killed_job_loses_only_the_steps_since_its_checkpoint(
