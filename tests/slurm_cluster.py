@@ -42,6 +42,8 @@ import subprocess
 import textwrap
 import time
 
+import pytest
+
 SUBNET = "10.77.0"
 HEAD = ("head", f"{SUBNET}.1")
 NODES = (("node1", f"{SUBNET}.11"), ("node2", f"{SUBNET}.12"))
@@ -476,3 +478,15 @@ def output_of(home):
         with open(path, errors="replace") as stream:
             text += stream.read()
     return text
+
+
+def wait_for_output(home, pattern, timeout=300):
+    """Waits until the job output in `home` matches `pattern`; fails the
+    test with the output's tail if it does not within `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if re.search(pattern, output_of(home)):
+            return
+        time.sleep(0.5)
+    text = output_of(home)[-4000:]
+    pytest.fail(f"no {pattern!r} in the job's output:\n{text}")

@@ -46,6 +46,7 @@ from tests.slurm_cluster import (
     as_user,
     missing_programs,
     output_of,
+    wait_for_output,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, requires_horovod]
@@ -443,10 +444,7 @@ def test_a_lost_node_requeues_the_job_which_resumes(cluster, student, data):
         "slurm/course_sync_cifar100.sbatch", {"ENGINE": "multi_worker"},
         flags=REQUEUE_FLAGS,
     )  # fmt: skip
-    deadline = time.monotonic() + 400
-    while not re.search(r"step 16/60", output_of(submit_dir)):
-        assert time.monotonic() < deadline, output_of(submit_dir)[-3000:]
-        time.sleep(0.5)
+    wait_for_output(submit_dir, r"step 16/60", timeout=400)
     cluster.kill_node("node2")
     killed = time.monotonic()
     time.sleep(30)

@@ -52,6 +52,7 @@ from tests.slurm_cluster import (
     SlurmCluster,
     missing_programs,
     output_of,
+    wait_for_output,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -119,16 +120,6 @@ def submit_small(cluster, data, home, script, env):
     }  # fmt: skip
     path = os.path.join(ROOT, "scripts", script)
     return cluster.sbatch(path, home, env, ("--ntasks-per-node=1",))
-
-
-def wait_for_output(home, pattern, timeout=300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if re.search(pattern, output_of(home)):
-            return
-        time.sleep(0.5)
-    text = output_of(home)[-4000:]
-    pytest.fail(f"no {pattern!r} in the job's output:\n{text}")
 
 
 @pytest.mark.parametrize("engine", REQUEUE_JOBS)
