@@ -198,6 +198,30 @@ def wait_for_step(proc, step):
     raise AssertionError("run ended early:\n" + "".join(lines[-30:]))
 
 
+_HOLD_LOCK = """
+import sys, time
+from tf_resnet import log_root_lock
+log_root_lock.REFRESH_SECS = 0.2
+with log_root_lock.hold(sys.argv[1]):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def lock_holder(log_root, prefix=()):
+    """A process holding the run lock of `log_root` as a chief does (it
+    touches the lock, here every 0.2 s); killed or stopped, it leaves the
+    lock behind. `prefix`: a command that runs it (e.g. `unshare`)."""
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-c", _HOLD_LOCK, str(log_root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stdout.readline() == "held\n", proc.args
+    return proc
+
+
 def run_python(code, *args, timeout=300, env=None):
     """Runs `python -c code args` from the repository root; returns stdout.
 

@@ -18,7 +18,6 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ from tests.helpers import (
     resnet8_flags,
     run_python,
 )
-from tf_resnet import engines, settings, validation
+from tf_resnet import engines, log_root_lock, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
@@ -275,11 +274,9 @@ def test_a_refused_run_is_said_by_every_worker_not_as_a_lost_task(
     # Another live run (this test's process, on this host) holds the lock.
     log_root = tmp_path / "log"
     log_root.mkdir()
-    (log_root / "run.lock").write_text(
-        json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-    )
     flags = resnet8_flags(synthetic_cifar, log_root, "--train_steps=4")
-    code, output = finish(launch(tmp_path / "dump", flags), timeout=180)
+    with log_root_lock.hold(str(log_root)):
+        code, output = finish(launch(tmp_path / "dump", flags), timeout=180)
     assert code == 2, output[-3000:]
     assert f"in use by the run of process {os.getpid()}" in output
     assert re.search(

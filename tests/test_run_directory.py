@@ -4,11 +4,11 @@ import json
 import os
 import re
 import socket
-import subprocess
 
 import pytest
 
 from tests.helpers import (
+    lock_holder,
     on_newest_set,
     run_main,
     start_main,
@@ -42,20 +42,17 @@ def test_a_second_run_on_the_same_log_root_is_refused(
 
 @on_newest_set  # The run directory's lock (tests/helpers.py).
 def test_a_lock_left_by_a_killed_run_is_taken_over(synthetic_cifar, tmp_path):
-    dead_pid = _finished_pid()
-    (tmp_path / "run.lock").write_text(
-        json.dumps({"pid": dead_pid, "host": socket.gethostname()})
-    )
+    killed = lock_holder(tmp_path)
+    killed.kill()
+    killed.wait()
+    assert (tmp_path / "run.lock").exists()
     proc = run_main(train_args(synthetic_cifar, tmp_path, "--train_steps=2"))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"taking over the lock of process {dead_pid}" in proc.stderr
+    assert (
+        f"taking over the lock of process {killed.pid}, which is gone"
+        in proc.stderr
+    )
     assert not os.path.exists(tmp_path / "run.lock")
-
-
-def _finished_pid():
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
 
 
 def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(

@@ -1,29 +1,20 @@
-"""Checkpoints of a run and the lock that gives a `--log_root` one owner.
+"""Checkpoints of a run: restore, save, and what goes wrong with them.
 
 `RunCheckpoints` restores the newest readable checkpoint and saves new
 ones, telling the user's problems apart: a checkpoint of another model
 (their flags), an unreadable one (a partial copy, a bad disk: the next
 older one is used), a disk that cannot be written, and a lost task of a
 parameter-server cluster (not the disk at all).
-
-`RunLock` stops two trainings from writing one interleaved history into
-the same `--log_root`.
 """
 
-import contextlib
-import json
 import os
 import shutil
-import socket
 import tempfile
-import time
 
 import tensorflow as tf
 from absl import logging
 
 from tf_resnet.errors import StorageError, UserInputError
-
-LOCK_FILE = "run.lock"
 
 
 def first_line(error):
@@ -144,74 +135,3 @@ def check_writable(directory):
         raise StorageError(
             f"{directory}: cannot write here ({error.strerror or error})"
         ) from error
-
-
-@contextlib.contextmanager
-def run_lock(log_root):
-    """Holds `log_root/run.lock` while a training run writes `log_root`.
-
-    The lock file names the process (pid, host). A second run refuses to
-    start while that process lives; a lock left by a killed process on this
-    host is taken over with a warning. On another host the process cannot
-    be checked, so its lock is kept until the user removes it.
-
-    Raises:
-      UserInputError: another live run holds the lock.
-    """
-    path = os.path.join(log_root, LOCK_FILE)
-    me = {"pid": os.getpid(), "host": socket.gethostname()}
-    for attempt in range(50):
-        try:
-            handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _read_lock(path)
-            if holder is None and attempt < 10:
-                time.sleep(0.1)  # Being written, or just removed.
-                continue
-            holder = holder or {"host": me["host"], "pid": None}
-            if holder.get("host") != me["host"] or _alive(holder.get("pid")):
-                raise UserInputError(
-                    f"{path}: --log_root is in use by the run of process "
-                    f"{holder.get('pid')} on host {holder.get('host')}; wait "
-                    "for it, stop it, or use another --log_root (remove "
-                    "the lock file only if that process is gone)"
-                ) from None
-            logging.warning(
-                "%s: taking over the lock of process %s, which is gone",
-                path,
-                holder.get("pid"),
-            )
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-            continue
-        with os.fdopen(handle, "w") as stream:
-            json.dump(me, stream)
-        break
-    else:
-        raise UserInputError(f"{path}: could not take the lock")
-    try:
-        yield
-    finally:
-        if _read_lock(path) == me:
-            os.unlink(path)
-
-
-def _read_lock(path):
-    try:
-        with open(path, encoding="utf-8") as stream:
-            holder = json.load(stream)
-    except (OSError, ValueError):
-        return None
-    return holder if isinstance(holder, dict) else None
-
-
-def _alive(pid):
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -31,6 +31,7 @@ from tf_resnet import config as config_lib
 from tf_resnet import (
     data,
     evaluation,
+    log_root_lock,
     param_groups,
     schedules,
     settings,
@@ -43,7 +44,7 @@ from tf_resnet.builders import (
     make_ema,
     plan_run,
 )
-from tf_resnet.checkpointing import RunCheckpoints, check_writable, run_lock
+from tf_resnet.checkpointing import RunCheckpoints, check_writable
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.errors import UserInputError
 from tf_resnet.losses import classification_losses
@@ -413,7 +414,7 @@ def _start_together(log_root, mode, held):
     if mode.is_chief:
         try:
             check_writable(log_root)
-            held.enter_context(run_lock(log_root))
+            held.enter_context(log_root_lock.hold(log_root))
         except UserInputError as error:
             refusal = error
     refused = mode.all_reduce_sum(np.array([int(refusal is not None)]))[0]
