@@ -111,13 +111,17 @@ def run_worker(spec):
     coordinator = getattr(mode, "coordinator", None)  # parameter_server
     step = 0
 
+    each_step = []  # Of the timed blocks: a synchronous step's spread.
+
     def block(steps):
         nonlocal step
         start = time.perf_counter()
         for _ in range(steps):
+            began = time.perf_counter()
             metrics = step_fn(iterator)
             step += 1
             mode.after_step(step, state)  # averaging: every k steps
+            each_step.append(time.perf_counter() - began)
         mode.fetch(metrics)
         if coordinator is not None:
             coordinator.join()
@@ -126,9 +130,11 @@ def run_worker(spec):
     start = time.perf_counter()
     block(spec["warmup_steps"])
     warmup = time.perf_counter() - start
+    each_step.clear()
     seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
     result = {
         "step_s": [s / spec["steps"] for s in seconds],
+        "each_step_s": each_step,
         "warmup_s": warmup,
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
@@ -496,7 +502,17 @@ def measure_model(cluster, model, args, network, log):
             cluster.stop_processes()
         slower = max(runs, key=lambda run: statistics.median(run["step_s"]))
         each = [statistics.median(run["step_s"]) for run in runs]
-        return {"step_s": slower["step_s"], "each_node_s": each}
+        return {
+            "step_s": slower["step_s"],
+            "each_node_s": each,
+            "paired_s": paired_slower(
+                *(run["each_step_s"] for run in runs),
+                flags.get("average_every", 1),
+            ),
+            "slower_mean_s": max(
+                statistics.fmean(run["each_step_s"]) for run in runs
+            ),
+        }
 
     # The 1-node Horovod step sets the slow-down (no network in it).
     cluster.shape(100_000)
@@ -580,9 +596,31 @@ def measure_model(cluster, model, args, network, log):
                    if "each_node_s" in samples[0] else {}),
                 **({"average_s": [min(run["average_s"]) for run in samples]}
                    if "average_s" in samples[0] else {}),
+                **({key: [run[key] for run in samples]
+                    for key in ("paired_s", "slower_mean_s")}
+                   if "paired_s" in samples[0] else {}),
             }  # fmt: skip
         result["rows"].append(measured)
     return result
+
+
+def paired_slower(first, second, every=1):
+    """The mean step of two nodes that wait for each other.
+
+    They wait every `every` steps (averaging's period; 1: at each). Each
+    node's steps as the twin jobs timed them, in runs of `every`;
+    every run of one node paired with every run of the other (the nodes'
+    spreads independent): the mean of the slower of each pair, per step.
+    It exceeds the slower node's mean by what stragglers cost.
+    """
+
+    def runs(steps):
+        return [sum(steps[i : i + every]) for i in range(0, len(steps), every)]
+
+    return (
+        statistics.fmean(max(a, b) for a in runs(first) for b in runs(second))
+        / every
+    )
 
 
 # The all-reduce that carries each engine here: averaging runs on Horovod's
@@ -720,6 +758,28 @@ def report(results):
                 f"{100 * statistics.median(errors):+.1f}% | "
                 f"{', '.join(f'{100 * e:+.0f}%' for e in errors)} |"
             )
+        for row in result["rows"]:
+            if "paired_s" not in row["1"]:
+                continue
+            predict = functools.partial(
+                predict_row, result, fits, by_name, row["flags"]
+            )
+            pairs = zip(row["1"]["paired_s"], row["1"]["slower_mean_s"],
+                        row["2"]["rounds"], strict=True)  # fmt: skip
+            lines += [
+                "",
+                f"{row['name']}, stragglers: each round's 1-node step as "
+                "the slower node's mean, as the mean of the slower of "
+                "every pair of the two nodes' steps (between all-reduces; "
+                "a synchronous step waits for the slower node), and the "
+                "model's error with the second: "
+                + "; ".join(
+                    f"{1e3 * slower:.0f}, {1e3 * paired:.0f} ms, "
+                    f"{100 * (predict(paired, i) / two - 1):+.0f}%"
+                    for i, (paired, slower, two) in enumerate(pairs)
+                )
+                + ".",
+            ]
         for row in result["rows"]:
             if "average_s" not in row["2"]:
                 continue
