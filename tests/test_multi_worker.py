@@ -16,11 +16,9 @@ is TensorFlow's collectives' doing, is tested on both sets.
 
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 
@@ -44,8 +42,8 @@ from tf_resnet.launch import multi_worker as launcher
 WORKER = engine_runs.WORKER
 
 
-def launch(dump_dir, flags, workers=2):
-    """Runs the launcher to its end; returns `(exit code, output)`."""
+def launch(dump_dir, flags, workers=2, **env):
+    """Starts the launcher (`env`: variables for it and its workers)."""
     os.makedirs(dump_dir, exist_ok=True)
     command = [
         sys.executable, "-m", "tf_resnet.launch.multi_worker",
@@ -53,7 +51,7 @@ def launch(dump_dir, flags, workers=2):
         f"--dump_dir={dump_dir}", *flags,
     ]  # fmt: skip
     return subprocess.Popen(
-        command, cwd=ROOT, env=engine_runs.worker_env(), text=True,
+        command, cwd=ROOT, env=engine_runs.worker_env(**env), text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
@@ -176,7 +174,11 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
         "--ema_decay=0.9",
     )
     first_dump, second_dump = tmp_path / "first", tmp_path / "second"
-    code, output = finish(launch(first_dump, flags))
+    # The workers' own temporary folder: a killed worker of another run
+    # (a test that kills one) leaves its scratch in the machine's.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    code, output = finish(launch(first_dump, flags, TMPDIR=str(temporary)))
     assert code == 0, output[-3000:]
     assert os.path.exists(log_root / "ckpt-6.index")
     # Only the chief keeps a checkpoint and writes the run's files.
@@ -185,8 +187,7 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
     ]
     assert not (first_dump / "writes_rank1.txt").exists()
     # Worker 1 took part in the save into a scratch directory, now gone.
-    scratch = pathlib.Path(tempfile.gettempdir()).glob("tf_resnet_worker1_*")
-    assert not list(scratch)
+    assert not list(temporary.glob("tf_resnet_worker1_*"))
 
     code, output = finish(launch(second_dump, flags))
     assert code == 0, output[-3000:]
