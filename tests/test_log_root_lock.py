@@ -57,25 +57,25 @@ def take(log_root):
         return lock_of(log_root)
 
 
+ELSEWHERE = {"pid": 4242, "host": "node7", "pids": "another boot"}
+
+
 def elsewhere(log_root):
     """The lock of process 4242 on another node; returns its path."""
     path = log_root / log_root_lock.LOCK_FILE
-    path.write_text(
-        json.dumps({"pid": 4242, "host": "node7", "pids": "another boot"})
-    )
+    path.write_text(json.dumps(ELSEWHERE))
     return path
 
 
 def touching(path):
-    """Touches `path` every 0.2 s, as its live holder would, until the
-    returned event is set (the holder killed)."""
+    """Touches `path` with the holder's own toucher, as that live holder
+    would, until the returned event is set (the holder killed)."""
     killed = threading.Event()
-
-    def touch():
-        while not killed.wait(0.2):
-            os.utime(path)
-
-    threading.Thread(target=touch, daemon=True).start()
+    threading.Thread(
+        target=log_root_lock._touch_while_held,
+        args=(str(path), ELSEWHERE, killed),
+        daemon=True,
+    ).start()
     return killed
 
 

@@ -110,8 +110,8 @@ def _wait_until_free(path, me):
             _take_over(path, holder, "which is gone")
             return
         if not here:
-            if _stamp(path) != stamp:
-                stamp, last_touch = _stamp(path), now
+            if (current := _stamp(path)) != stamp:
+                stamp, last_touch = current, now
             elif now - last_touch >= STALE_SECS:
                 _take_over(
                     path,
