@@ -64,10 +64,14 @@ ON_PINNED_SET = tf.__version__ == PINNED_TENSORFLOW
 #   equivalences and scenarios of multi_worker and the parameter server
 #   that share nothing with the Horovod runs, the course scripts' runs
 #   without Horovod (the real Slurm legs run every script on the pinned
-#   set), mirrored = one device on its own, the checks of flags, presets,
-#   the run directory and the export folder that train only to reach them
-#   (the resume of the EMA and TTA knobs too; the plain resume runs on
-#   both), and the rest of the repeated scenarios;
+#   set), mirrored = one device on its own, the resume of the EMA and TTA
+#   knobs (the plain resume runs on both), and the rest of the repeated
+#   scenarios;
+# * the checks of flags, presets, launchers' plans, the run directory and
+#   the export folder that train only to reach them: CI runs each half of
+#   the files (a-l, m-z) as a leg on each set, and these go to the lighter
+#   leg of their half: `on_newest_set` in the files a-l, `on_one_set` in
+#   the files m-z;
 # so that each leg stays within its budget. `test_requirement_sets` makes
 # sure each set runs its share.
 on_one_set = pytest.mark.skipif(

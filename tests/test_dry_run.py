@@ -11,7 +11,13 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, requires_horovod, run_main, run_python
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    requires_horovod,
+    run_main,
+    run_python,
+)
 
 DATA = ["--train_data_path=x", "--eval_data_path=y"]
 
@@ -40,6 +46,7 @@ def launch(launcher, launcher_flags, log_root, *flags):
     return [report for reports in by_process.values() for report in reports]
 
 
+@on_newest_set  # A launcher's plan (tests/helpers.py).
 def test_under_the_multi_worker_launcher(tmp_path):
     reports = launch("multi_worker", ["--np=2"], tmp_path / "run")
     assert len(reports) == 2, reports
@@ -54,6 +61,7 @@ def test_under_the_multi_worker_launcher(tmp_path):
         assert "devices: CPU (no GPU visible)" in report
 
 
+@on_newest_set  # A launcher's plan (tests/helpers.py).
 def test_under_the_parameter_server_launcher(tmp_path):
     reports = launch("ps", ["--num_ps=1", "--num_workers=2"], tmp_path / "run")
     heads = sorted(r.splitlines()[1] for r in reports)
@@ -80,6 +88,7 @@ def test_under_the_horovod_launcher(tmp_path):
         assert "learning rate: 0.2 at batch 128 -> 0.2 at 128" in report
 
 
+@on_newest_set  # A launcher's plan (tests/helpers.py).
 def test_a_single_process_needs_no_launcher(tmp_path):
     proc = run_main(
         ["--dry_run", *DATA, f"--log_root={tmp_path / 'run'}",

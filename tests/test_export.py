@@ -187,6 +187,7 @@ def test_export_replaces_an_earlier_export_not_other_files(runs, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["export", "notes"]
 
 
+@on_newest_set  # A check of flags (tests/helpers.py).
 @pytest.mark.parametrize(
     "args, message",
     [

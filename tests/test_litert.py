@@ -22,7 +22,7 @@ import tensorflow as tf
 from PIL import Image
 
 from tests import exported
-from tests.helpers import ON_PINNED_SET, ROOT
+from tests.helpers import ON_PINNED_SET, ROOT, on_newest_set
 from tf_resnet import export, litert, predict, settings, validation
 from tf_resnet.errors import UserInputError
 
@@ -261,6 +261,7 @@ def test_litert_without_a_checkpoint_or_outside_export_is_refused(tmp_path):
         )
 
 
+@on_newest_set  # A check of flags (tests/helpers.py).
 def test_int8_without_calibration_data_is_one_clear_error(
     exported_run, tmp_path
 ):

@@ -8,7 +8,7 @@ import safetensors.numpy
 import tensorflow as tf
 
 from tests.data_files import state_dict_of, write_cifar_records
-from tests.helpers import flag_values, on_newest_set, run_main
+from tests.helpers import flag_values, on_one_set, run_main
 from tf_resnet import config as config_lib
 from tf_resnet import param_groups, settings, train_loop
 from tf_resnet.distribute import base, tf_strategy
@@ -339,7 +339,7 @@ def test_lr_multipliers_scale_backbone_and_head_updates(backbone, head):
         np.testing.assert_allclose(scaled[path], factor * delta, atol=1e-7)
 
 
-@on_newest_set  # Flags, not TensorFlow (tests/helpers.py).
+@on_one_set  # Flags, not TensorFlow (tests/helpers.py).
 def test_preset_sets_defaults_and_explicit_flags_win(tmp_path):
     write_cifar_records(tmp_path / "train.bin", "cifar100", 16, seed=0)
     write_cifar_records(tmp_path / "test.bin", "cifar100", 8, seed=1)

@@ -15,6 +15,7 @@ from tests import engine_runs
 from tests.helpers import (
     checkpoint_weights,
     eval_rows,
+    on_one_set,
     one_per_set,
     requires_horovod,
     run_main,
@@ -118,6 +119,7 @@ def tmpfs(path, options):
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@on_one_set  # The run directory's check (tests/helpers.py).
 def test_read_only_log_root_fails_before_training(synthetic_cifar, tmp_path):
     with tmpfs(tmp_path / "ro", "ro,size=1m") as log_root:
         proc = run_main(train_args(synthetic_cifar, log_root))

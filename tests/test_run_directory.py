@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import (
     lock_holder,
-    on_newest_set,
+    on_one_set,
     run_main,
     start_main,
     train_args,
@@ -17,7 +17,7 @@ from tests.helpers import (
 )
 
 
-@on_newest_set  # The run directory's lock (tests/helpers.py).
+@on_one_set  # The run directory's lock (tests/helpers.py).
 def test_a_second_run_on_the_same_log_root_is_refused(
     synthetic_cifar, tmp_path
 ):
@@ -40,7 +40,7 @@ def test_a_second_run_on_the_same_log_root_is_refused(
     assert not os.path.exists(tmp_path / "run.lock")
 
 
-@on_newest_set  # The run directory's lock (tests/helpers.py).
+@on_one_set  # The run directory's lock (tests/helpers.py).
 def test_a_lock_left_by_a_killed_run_is_taken_over(synthetic_cifar, tmp_path):
     killed = lock_holder(tmp_path)
     killed.kill()
@@ -69,6 +69,7 @@ def test_an_unreadable_latest_checkpoint_falls_back_to_the_one_before(
     assert "does not match" not in proc.stderr
 
 
+@on_one_set  # The loop's error; the fallback runs on both.
 def test_no_readable_checkpoint_fails_naming_them(synthetic_cifar, tmp_path):
     args = train_args(synthetic_cifar, tmp_path, "--train_steps=2")
     assert run_main(args).returncode == 0
@@ -82,7 +83,7 @@ def test_no_readable_checkpoint_fails_naming_them(synthetic_cifar, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
 
 
-@on_newest_set  # The run directory's config.json (tests/helpers.py).
+@on_one_set  # The run directory's config.json (tests/helpers.py).
 def test_a_corrupt_config_json_is_one_error_with_advice_that_works(
     synthetic_cifar, tmp_path
 ):
@@ -106,7 +107,7 @@ def test_a_corrupt_config_json_is_one_error_with_advice_that_works(
     assert re.search(r"resumed from \S+ckpt-2 at step 2\b", proc.stderr)
 
 
-@on_newest_set  # The run directory's config.json (tests/helpers.py).
+@on_one_set  # The run directory's config.json (tests/helpers.py).
 def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
     synthetic_cifar, tmp_path
 ):
@@ -148,6 +149,7 @@ def test_a_resumed_run_and_the_eval_job_read_the_saved_config(
     assert float(rows["8"]) == pytest.approx(8 / steps_per_epoch, abs=1e-4)
 
 
+@on_one_set  # A check of flags (tests/helpers.py).
 def test_a_mode_that_contradicts_the_launcher_is_refused(
     synthetic_cifar, tmp_path
 ):

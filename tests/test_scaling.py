@@ -155,6 +155,7 @@ def test_resnet18_has_the_gradients_the_issue_names():
     assert scaling.gradient_bytes("resnet18") / MB == pytest.approx(46.8, 0.01)
 
 
+@helpers.on_one_set  # The model's command, not TensorFlow's.
 def test_the_command_prints_every_engine_and_what_to_use():
     result = subprocess.run(
         [sys.executable, "-m", "tf_resnet.scaling", "--model=resnet20",
