@@ -136,6 +136,7 @@ def run_worker(spec):
         "step_s": [s / spec["steps"] for s in seconds],
         "each_step_s": each_step,
         "warmup_s": warmup,
+        "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
         ),
@@ -155,6 +156,12 @@ def run_worker(spec):
             start = time.perf_counter()
             mode.average_in_place(variables)
             result["average_s"].append(time.perf_counter() - start)
+    if spec.get("communication_alone"):
+        result["communication_s"] = communication_alone(mode, model)
+        if getattr(mode, "strategy", None) is None:  # Horovod
+            result["compute_s"] = compute_alone(
+                mode, model, optimizer, config, iterator, spec
+            )
     if spec.get("sweep"):
         fp16 = spec["flags"].get("gradient_compression") == "fp16"
         result["sweep"] = sweep(
@@ -163,6 +170,90 @@ def run_worker(spec):
     if mode.is_chief:
         print(RESULT + json.dumps(result), flush=True)
     mode.shutdown()
+
+
+def communication_alone(mode, model, repeats=3):
+    """Seconds of each of a step's all-reduces with nothing computed.
+
+    What a synchronous step sends, sent as it sends it: the gradients as a
+    list shaped like the trainable variables (Horovod: the mode's grouped
+    all-reduce; multi_worker: the replica context's, as the optimizer's),
+    then the metrics. Set beside the sweep's one tensor of the same bytes,
+    it tells the cost of the list from the cost of the rest of the step.
+    """
+    import tensorflow as tf
+
+    strategy = getattr(mode, "strategy", None)
+    # Arguments, not constants made in the function: Horovod's all-reduce
+    # of those came back in 0.3 ms at 2 processes, not done at each call.
+    tensors = [tf.ones(v.shape) for v in model.trainable_variables]
+
+    @tf.function(autograph=False)
+    def step(tensors):
+        def replica_fn():
+            grads = [tf.identity(t) for t in tensors]  # the replica's own
+            if strategy is None:
+                grads = mode.all_reduce_gradients(grads)
+            else:
+                context = tf.distribute.get_replica_context()
+                grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            # Every sum is used, so none of the all-reduces is pruned.
+            total = tf.add_n([tf.reduce_sum(g) for g in grads])
+            return {"loss_sum": total, "correct": total, "examples": total}
+
+        return mode.reduce_sum(mode.run(replica_fn, ()))
+
+    mode.fetch(step(tensors))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mode.fetch(step(tensors))
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+class _Uncommunicated:
+    """A mode whose gradients are not all-reduced (the rest is the mode's)."""
+
+    def __init__(self, mode):
+        self._mode = mode
+
+    def __getattr__(self, name):
+        return getattr(self._mode, name)
+
+    def all_reduce_gradients(self, grads):
+        return grads
+
+
+def compute_alone(mode, model, optimizer, config, iterator, spec):
+    """Seconds per step of Horovod's step without its all-reduces.
+
+    Timed in the 2-node job after its synchronous steps, every node
+    computing at once: the 1-node step as this job's processes compute it,
+    to set beside the twin 1-node jobs'. The nodes' weights part here, so
+    it runs last.
+    """
+    import tensorflow as tf
+
+    from tf_resnet import train_loop
+
+    replica_fn = train_loop.make_replica_fn(
+        model, optimizer, _Uncommunicated(mode), config
+    )
+
+    @tf.function(autograph=False)
+    def step(iterator):
+        return replica_fn(*next(iterator))
+
+    mode.fetch(step(iterator))
+    per_step = []
+    for _ in range(spec["blocks"]):
+        start = time.perf_counter()
+        for _ in range(spec["steps"]):
+            metrics = step(iterator)
+        mode.fetch(metrics)
+        per_step.append((time.perf_counter() - start) / spec["steps"])
+    return per_step
 
 
 def sweep(mode, sizes, repeats, fp16=False):
@@ -536,6 +627,7 @@ def measure_model(cluster, model, args, network, log):
         "link_mbit": rate,
         "iperf3_mbit": goodput,
         "gradient_bytes": n,
+        "tensors": reference["tensors"],
         "state_bytes": reference["state_bytes"],
         "sweeps": {},
         "rows": [],
@@ -577,7 +669,11 @@ def measure_model(cluster, model, args, network, log):
             jobs[row.name]["1"].append(
                 job(row.flags, 1) if ps else twin(row.flags)
             )
-            jobs[row.name]["2"].append(job(row.flags, 2))
+            # The synchronous engines' 2-node jobs also time their step's
+            # all-reduces alone (`communication_alone`).
+            plain = row.flags == {"distribution": row.engine}
+            extra = {"communication_alone": plain and not ps}
+            jobs[row.name]["2"].append(job(row.flags, 2, extra))
             if row.name == "horovod":
                 alone = jobs[row.name].setdefault("1 alone", [])
                 alone.append(job(row.flags, 1))
@@ -594,8 +690,12 @@ def measure_model(cluster, model, args, network, log):
                 "samples": steps,
                 **({"each_node_s": [run["each_node_s"] for run in samples]}
                    if "each_node_s" in samples[0] else {}),
-                **({"average_s": [min(run["average_s"]) for run in samples]}
-                   if "average_s" in samples[0] else {}),
+                **({key: [min(run[key]) for run in samples]
+                    for key in ("average_s", "communication_s")
+                    if key in samples[0]}),
+                **({"compute_s": [statistics.median(run["compute_s"])
+                                  for run in samples]}
+                   if "compute_s" in samples[0] else {}),
                 **({key: [run[key] for run in samples]
                     for key in ("paired_s", "slower_mean_s")}
                    if "paired_s" in samples[0] else {}),
@@ -793,6 +893,45 @@ def report(results):
                 f"{each} ms (each round's fastest of 3); the fit: "
                 f"{1e3 * fitted:.0f} ms.",
             ]
+        for row in result["rows"]:
+            if "communication_s" not in row["2"]:
+                continue
+            n = result["gradient_bytes"]
+            sweep = result["sweeps"][f"{row['flags']['distribution']} 2"]
+            one_tensor = sweep[str(n)]
+            each = ", ".join(
+                f"{1e3 * t:.0f}" for t in row["2"]["communication_s"]
+            )
+            lines += [
+                "",
+                f"{row['name']}: its step's all-reduces alone in the 2-node "
+                f"jobs (the gradients as a list of {result['tensors']} "
+                f"tensors, then the metrics): {each} ms (each round's "
+                f"fastest of 3); the sweep's one tensor of "
+                f"{n / 1e6:.2f} MB: {1e3 * one_tensor:.0f} ms; the 2-node "
+                "step less the 1-node step, each round: "
+                + ", ".join(
+                    f"{1e3 * (t - o):.0f}"
+                    for o, t in zip(
+                        row["1"]["rounds"], row["2"]["rounds"], strict=True
+                    )
+                )
+                + " ms.",
+            ]
+            if "compute_s" in row["2"]:
+                rounds = zip(row["2"]["compute_s"], row["2"]["communication_s"],
+                             row["2"]["rounds"], strict=True)  # fmt: skip
+                lines[-1] += (
+                    " Its step without the all-reduces, timed in the 2-node "
+                    "jobs with both nodes computing, plus the all-reduces "
+                    "alone, against the 2-node step, each round: "
+                    + "; ".join(
+                        f"{1e3 * c:.0f} + {1e3 * a:.0f} = {1e3 * (c + a):.0f}"
+                        f" against {1e3 * t:.0f} ms"
+                        for c, a, t in rounds
+                    )
+                    + "."
+                )
         lines.append("")
     return "\n".join(lines)
 
