@@ -173,7 +173,7 @@ def run_worker(spec):
 
 
 def communication_alone(mode, model, repeats=3):
-    """Seconds of each of a step's all-reduces with nothing computed.
+    """Seconds of a step's all-reduces with nothing computed, `repeats` times.
 
     What a synchronous step sends, sent as it sends it: the gradients as a
     list shaped like the trainable variables (Horovod: the mode's grouped
@@ -231,7 +231,7 @@ def compute_alone(mode, model, optimizer, config, iterator, spec):
     Timed in the 2-node job after its synchronous steps, every node
     computing at once: the 1-node step as this job's processes compute it,
     to set beside the twin 1-node jobs'. The nodes' weights part here, so
-    it runs last.
+    it runs after every synchronous step of the job.
     """
     import tensorflow as tf
 
@@ -670,7 +670,8 @@ def measure_model(cluster, model, args, network, log):
                 job(row.flags, 1) if ps else twin(row.flags)
             )
             # The synchronous engines' 2-node jobs also time their step's
-            # all-reduces alone (`communication_alone`).
+            # all-reduces alone (`communication_alone`), and Horovod's its
+            # step without them (`compute_alone`).
             plain = row.flags == {"distribution": row.engine}
             extra = {"communication_alone": plain and not ps}
             jobs[row.name]["2"].append(job(row.flags, 2, extra))
@@ -897,8 +898,8 @@ def report(results):
             if "communication_s" not in row["2"]:
                 continue
             n = result["gradient_bytes"]
-            sweep = result["sweeps"][f"{row['flags']['distribution']} 2"]
-            one_tensor = sweep[str(n)]
+            sizes = result["sweeps"][f"{row['flags']['distribution']} 2"]
+            one_tensor = sizes[str(n)]
             each = ", ".join(
                 f"{1e3 * t:.0f}" for t in row["2"]["communication_s"]
             )
