@@ -335,15 +335,17 @@ horovod_hosts() {
       order[i], n[order[i]] }'
 }
 
-# The first port of this job's servers: 10000 + 100 * (job id mod 500), so
+# The first port of this job's servers: 10000 + 100 * (job id mod 200), so
 # that jobs sharing a node listen on ports of their own (up to 100 task
 # slots). A fixed port is not enough: TensorFlow's gRPC servers bind with
 # SO_REUSEPORT, so a second job's server on the same port starts without an
-# error and the two jobs' processes reach each other's servers.
+# error and the two jobs' processes reach each other's servers. The ports
+# stay below 32768, where Linux's default range for outgoing connections
+# starts: a server there can find its port taken by any connection.
 job_port() {
   local id
   id=$(job_id)
-  echo $((10000 + 100 * (${id//[^0-9]/} % 500)))
+  echo $((10000 + 100 * (${id//[^0-9]/} % 200)))
 }
 
 # host:port of each task slot, in slot order: slot i listens on port $1+i.

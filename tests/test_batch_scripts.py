@@ -353,7 +353,7 @@ def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
          "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "2 multi_worker workers at localhost:34200,localhost:34201" in text
+    assert "2 multi_worker workers at localhost:14200,localhost:14201" in text
     # Both workers started, each with its own --task_index from SLURM_PROCID.
     assert text.count("distribution multi_worker") == 2, text[-4000:]
     assert "horovodrun" not in text, text[-4000:]
@@ -380,7 +380,7 @@ def test_course_async_cifar100(scheduler, tmp_path, cifar100):
         {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "ps localhost:34200, workers localhost:34201" in text
+    assert "ps localhost:14200, workers localhost:14201" in text
     assert "steps run per worker: [2]" in text
     assert_trained(log_root, text)
     # TensorFlow's C++ server lines (absl's, which TF_CPP_MIN_LOG_LEVEL

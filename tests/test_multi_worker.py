@@ -34,7 +34,7 @@ from tests.helpers import (
     resnet8_flags,
     run_python,
 )
-from tf_resnet import engines, log_root_lock, settings, validation
+from tf_resnet import detect, engines, log_root_lock, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
@@ -364,12 +364,22 @@ def test_cluster_from_slurm(monkeypatch):
     ):
         monkeypatch.setenv(name, value)
     resolver = multi_worker.cluster_resolver()
-    # The job's own ports, 10000 + 100 * (4242 mod 500), as the batch
+    # The job's own ports, 10000 + 100 * (4242 mod 200), as the batch
     # scripts': two jobs on one node must not share a port.
     assert resolver.cluster_spec().as_dict() == {
-        "worker": ["node1:34200", "node1:34201", "node2:34200", "node2:34201"]
+        "worker": ["node1:14200", "node1:14201", "node2:14200", "node2:14201"]
     }
     assert (resolver.task_type, resolver.task_id) == ("worker", 3)
+
+
+def test_job_ports_stay_below_the_ports_of_outgoing_connections(monkeypatch):
+    """Linux gives outgoing connections local ports from 32768 up (the
+    default `ip_local_port_range`): a server there can find its port taken.
+    """
+    for job_id in (0, 199, 4242, 1234567):
+        monkeypatch.setenv("SLURM_JOB_ID", str(job_id))
+        base = detect.slurm_job_port()
+        assert base >= 10000 and base + 99 < 32768, job_id
 
 
 def test_no_cluster_is_one_clear_error(monkeypatch):

@@ -86,16 +86,19 @@ def slurm_step_tasks():
 def slurm_job_port():
     """The first port of this Slurm job's servers on each node.
 
-    10000 + 100 * (job id mod 500), as scripts/course_job.sh's `job_port`:
+    10000 + 100 * (job id mod 200), as scripts/course_job.sh's `job_port`:
     jobs that share a node listen on ports of their own. One fixed port
     would not fail loudly: TensorFlow's gRPC servers bind with
     SO_REUSEPORT, so a second job's server starts on the same port and the
-    two jobs' workers reach each other's servers.
+    two jobs' workers reach each other's servers. Every port, up to the
+    100th slot's, stays below 32768, where Linux's default range of ports
+    for outgoing connections starts: a server there can find its port
+    taken by a connection of any process on the node, even its own job's.
     """
     digits = "".join(
         c for c in os.environ.get("SLURM_JOB_ID", "") if c.isdigit()
     )
-    return 10000 + 100 * (int(digits or 0) % 500)
+    return 10000 + 100 * (int(digits or 0) % 200)
 
 
 def is_server_task(job_name=None):
