@@ -172,6 +172,21 @@ def run_worker(spec):
     mode.shutdown()
 
 
+def _summed_as_gradients(mode, tensors):
+    """`tensors` summed over the processes as a step sums its gradients.
+
+    In a replica function: Horovod's mode by its grouped all-reduce,
+    multi_worker by the replica context's (the Keras optimizer's).
+    """
+    import tensorflow as tf
+
+    local = [tf.identity(t) for t in tensors]  # the replica's own
+    if getattr(mode, "strategy", None) is None:
+        return mode.all_reduce_gradients(local)
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
+
+
 def communication_alone(mode, model, repeats=3):
     """Seconds of a step's all-reduces with nothing computed, `repeats` times.
 
@@ -183,7 +198,6 @@ def communication_alone(mode, model, repeats=3):
     """
     import tensorflow as tf
 
-    strategy = getattr(mode, "strategy", None)
     # Arguments, not constants made in the function: Horovod's all-reduce
     # of those came back in 0.3 ms at 2 processes, not done at each call.
     tensors = [tf.ones(v.shape) for v in model.trainable_variables]
@@ -191,12 +205,7 @@ def communication_alone(mode, model, repeats=3):
     @tf.function(autograph=False)
     def step(tensors):
         def replica_fn():
-            grads = [tf.identity(t) for t in tensors]  # the replica's own
-            if strategy is None:
-                grads = mode.all_reduce_gradients(grads)
-            else:
-                context = tf.distribute.get_replica_context()
-                grads = context.all_reduce(tf.distribute.ReduceOp.SUM, grads)
+            grads = _summed_as_gradients(mode, tensors)
             # Every sum is used, so none of the all-reduces is pruned.
             total = tf.add_n([tf.reduce_sum(g) for g in grads])
             return {"loss_sum": total, "correct": total, "examples": total}
@@ -263,30 +272,19 @@ def sweep(mode, sizes, repeats, fp16=False):
     """
     import tensorflow as tf
 
-    strategy = getattr(mode, "strategy", None)
     # Horovod's mode compresses by itself; the replica context's all-reduce
     # is handed float16, as the optimizer's compressed one is.
-    dtype = tf.float16 if strategy is not None and fp16 else tf.float32
+    horovod = getattr(mode, "strategy", None) is None
+    dtype = tf.float16 if fp16 and not horovod else tf.float32
     times = {}
     for nbytes in sizes:
         tensor = tf.cast(tf.ones([max(1, nbytes // 4)]), dtype)
 
-        if strategy is None:  # Horovod: the mode's gradient all-reduce.
-
-            @tf.function
-            def all_reduce(t):
-                return mode.all_reduce_gradients([t])[0][0]
-
-        else:  # multi_worker: the replica-context all-reduce.
-
-            @tf.function
-            def all_reduce(t):
-                def replica_fn():
-                    context = tf.distribute.get_replica_context()
-                    local = tf.identity(t)
-                    return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
-
-                return strategy.run(replica_fn)[0]
+        @tf.function
+        def all_reduce(t):
+            # Its first element: one number to fetch, whatever the size.
+            summed = mode.run(lambda: _summed_as_gradients(mode, [t]), ())
+            return summed[0][0]
 
         all_reduce(tensor).numpy()
         samples = []
