@@ -51,6 +51,8 @@ import emulated_cluster  # noqa: E402
 from tf_resnet import engines, scaling, traffic  # noqa: E402
 
 RESULT = "NETWORK_SCALING_RESULT "
+# The links' rate where a job's step is to hold no network time, Mbit/s.
+UNSHAPED_MBIT = 100_000
 PYTHON = sys.executable
 HERE = os.path.abspath(__file__)
 MAIN = os.path.join(common.ROOT, "resnet_main.py")
@@ -66,6 +68,33 @@ def model_shape(model):
 
 
 # --- inside a node --------------------------------------------------------
+
+
+def cpu_seconds(sessions):
+    """CPU time (user + system) of every process of each session, seconds.
+
+    `sessions`: `{name: session id}`. Each process `EmulatedCluster.spawn`
+    starts leads a session of its own, so its session holds it with every
+    thread and child. Read from /proc: the processes of a job live in other
+    network namespaces, not other PID ones.
+    """
+    names = {sid: name for name, sid in sessions.items()}
+    totals = dict.fromkeys(sessions, 0.0)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stream:
+                # After the command's closing parenthesis: state, ppid,
+                # pgrp, session, ..., utime and stime (fields 14, 15).
+                fields = stream.read().rsplit(")", 1)[1].split()
+        except OSError:  # Ended since the listing.
+            continue
+        name = names.get(int(fields[3]))
+        if name is not None:
+            totals[name] += (int(fields[11]) + int(fields[12])) / tick
+    return totals
 
 
 def run_worker(spec):
@@ -131,11 +160,22 @@ def run_worker(spec):
     block(spec["warmup_steps"])
     warmup = time.perf_counter() - start
     each_step.clear()
+    # The CPU time over the timed blocks of this process (the chief; for
+    # parameter_server the coordinator) and of those in `cpu_of` (its
+    # ps and worker servers).
+    sessions = {**spec.get("cpu_of", {}), "chief": os.getsid(0)}
+    cpu_before = cpu_seconds(sessions)
     seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
+    cpu_after = cpu_seconds(sessions)
     result = {
         "step_s": [s / spec["steps"] for s in seconds],
         "each_step_s": each_step,
         "warmup_s": warmup,
+        "cpu_s": {
+            name: (cpu_after[name] - cpu_before[name])
+            / (spec["steps"] * spec["blocks"])
+            for name in sessions
+        },
         "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
@@ -455,7 +495,8 @@ class Job:
             "--intra_op_threads=1", "--inter_op_threads=2", "--dtype=float32",
         ]  # fmt: skip
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        self.cluster.spawn(
+        servers = {}
+        servers["ps"] = self.cluster.spawn(
             ps_node,
             [PYTHON, MAIN, "--job_name=ps", "--task_index=0", *cluster_flags,
              *server_flags],
@@ -465,14 +506,18 @@ class Job:
             # Not pinned: a TensorFlow worker server pinned to one core
             # (taskset -c) never finishes a step; one intra-op thread
             # keeps its computation to one core.
-            self.cluster.spawn(
+            servers[f"worker {node}"] = self.cluster.spawn(
                 node,
                 [PYTHON, MAIN, "--job_name=worker", f"--task_index={node}",
                  *cluster_flags, *server_flags],
                 env=env, **quiet,
             )  # fmt: skip
         flags = {"ps_hosts": ps_hosts, "worker_hosts": worker_hosts}
-        spec = dict(self.spec, flags={**self.spec["flags"], **flags})
+        spec = dict(
+            self.spec,
+            flags={**self.spec["flags"], **flags},
+            cpu_of={name: p.pid for name, p in servers.items()},
+        )
         return self.cluster.spawn(
             ps_node,
             [PYTHON, HERE, "--worker", json.dumps(spec)],
@@ -604,7 +649,7 @@ def measure_model(cluster, model, args, network, log):
         }
 
     # The 1-node Horovod step sets the slow-down (no network in it).
-    cluster.shape(100_000)
+    cluster.shape(UNSHAPED_MBIT)
     reference = job({"distribution": "horovod"}, 1)
     cpu_step = statistics.median(reference["step_s"])
     gpu = scaling.GPU_STEPS[model]
@@ -656,9 +701,8 @@ def measure_model(cluster, model, args, network, log):
     # Rounds: every row once per round, in alternating order, so that a
     # drift of the machine's speed touches all rows alike; each round's
     # job is one sample of the row's step.
-    # Horovod's row also times its step with no other process on the
-    # machine ("1 alone"), each round: parameter_server's model takes its
-    # network time as its 1-node step less that one.
+    # parameter_server's row also runs its jobs on unshaped links, each
+    # round: its step without the network (`predict_row`).
     jobs = {row.name: {"1": [], "2": []} for row in selected}
     for round_ in range(args.rounds):
         log(f"  {model}: round {round_ + 1} of {args.rounds}")
@@ -673,9 +717,14 @@ def measure_model(cluster, model, args, network, log):
             plain = row.flags == {"distribution": row.engine}
             extra = {"communication_alone": plain and not ps}
             jobs[row.name]["2"].append(job(row.flags, 2, extra))
-            if row.name == "horovod":
-                alone = jobs[row.name].setdefault("1 alone", [])
-                alone.append(job(row.flags, 1))
+            if ps:
+                cluster.shape(UNSHAPED_MBIT)
+                for nodes in (1, 2):
+                    unshaped = jobs[row.name].setdefault(
+                        f"{nodes} unshaped", []
+                    )
+                    unshaped.append(job(row.flags, nodes))
+                cluster.shape(rate)
     for row in selected:
         runs = jobs[row.name]
         measured = {"name": row.name, "flags": row.flags}
@@ -698,6 +747,8 @@ def measure_model(cluster, model, args, network, log):
                 **({key: [run[key] for run in samples]
                     for key in ("paired_s", "slower_mean_s")}
                    if "paired_s" in samples[0] else {}),
+                **({"cpu_s": [run["cpu_s"] for run in samples]}
+                   if "cpu_s" in samples[0] else {}),
             }  # fmt: skip
         result["rows"].append(measured)
     return result
@@ -761,27 +812,32 @@ def transport_of(flags):
     return f"{engine}+fp16" if fp16 else engine
 
 
-def predict_row(result, fits, by_name, flags, one, round_=None):
+def predict_row(result, fits, row, one, round_=None):
     """The model's 2-node step of a row whose 1-node step is `one`.
 
-    `round_`: the other rows' steps are that round's, where measured.
+    `round_`: the row's unshaped steps are that round's, where measured.
     """
+    flags = row["flags"]
     engine = engines.ENGINES[flags["distribution"]]
 
-    def step(name, key):
-        measured = by_name[name][key]
+    def step(key):
+        measured = row[key]
         rounds = measured.get("rounds", [])
         if round_ is not None and round_ < len(rounds):
             return rounds[round_]
         return measured["step_s"]
 
     if engine.traffic is traffic.PUSH_PULL:
-        # One worker's pull and push: its step less the step alone.
-        alone = step("horovod", "1 alone")
+        # One worker's pull and push: its 1-node step less the same job's
+        # on unshaped links. The step without the network on two nodes is
+        # the 2-node job's on unshaped links, as the twin 1-node jobs are
+        # the synchronous engines': here the two workers, the ps and the
+        # coordinator share the machine's two cores (the workers, unpinned,
+        # each compute on both when alone), which on a cluster they do not.
         fit = scaling.RingFit(
-            0, 0, 2 * result["gradient_bytes"] / (one - alone)
+            0, 0, 2 * result["gradient_bytes"] / (one - step("1 unshaped"))
         )
-        base = step("horovod", "1")
+        base = 2 * step("2 unshaped")  # A worker's step: two per update.
     else:
         fit, base = fits[transport_of(flags)], one
     return scaling.predict_two_nodes(
@@ -826,7 +882,6 @@ def report(results):
                 f"| {transport} | {1e3 * fit.c:.2f} | {1e3 * fit.a:.3f} | "
                 f"{fit.bandwidth / 1e6:.1f} | {fit.bandwidth / link:.2f} |"
             )
-        by_name = {row["name"]: row for row in result["rows"]}
         lines += [
             "",
             "| engine | 1 node ms | 2 nodes ms | 2 nodes, each round ms | "
@@ -836,9 +891,7 @@ def report(results):
         for row in result["rows"]:
             one, two = row["1"]["step_s"], row["2"]["step_s"]
             engine = engines.ENGINES[row["flags"]["distribution"]]
-            predict = functools.partial(
-                predict_row, result, fits, by_name, row["flags"]
-            )
+            predict = functools.partial(predict_row, result, fits, row)
             # Each round's 1-node and 2-node jobs ran one after the other:
             # its error is free of the machine's drift between rounds.
             ones = row["1"].get("rounds", [one])
@@ -860,9 +913,7 @@ def report(results):
         for row in result["rows"]:
             if "paired_s" not in row["1"]:
                 continue
-            predict = functools.partial(
-                predict_row, result, fits, by_name, row["flags"]
-            )
+            predict = functools.partial(predict_row, result, fits, row)
             pairs = zip(row["1"]["paired_s"], row["1"]["slower_mean_s"],
                         row["2"]["rounds"], strict=True)  # fmt: skip
             lines += [
@@ -879,6 +930,56 @@ def report(results):
                 )
                 + ".",
             ]
+        for row in result["rows"]:
+            if "1 unshaped" not in row:
+                continue
+            pairs = zip(row["1"]["rounds"], row["1 unshaped"]["rounds"],
+                        strict=True)  # fmt: skip
+            network = [one - fast for one, fast in pairs]
+            lines += [
+                "",
+                f"{row['name']}: one worker's pull and push, its 1-node "
+                "step less the same job's on unshaped links, each round: "
+                + ", ".join(f"{1e3 * t:.0f}" for t in network)
+                + " ms; as a bandwidth ("
+                f"{2 * result['gradient_bytes'] / 1e6:.2f} MB over it), "
+                + ", ".join(
+                    f"{2 * result['gradient_bytes'] / t / link:.2f}"
+                    for t in network
+                )
+                + " of the link's rate.",
+            ]
+        for row in result["rows"]:
+            if "ps" not in row["2"].get("cpu_s", [{}])[0]:
+                continue
+            cores = results.get("cores", 2)
+            lines += [
+                "",
+                f"{row['name']}: CPU time per update over the timed steps, "
+                "each round (the chief is the coordinator), against the "
+                f"step; what the machine's {cores} cores take to give it "
+                "all is a floor under the step:",
+                "",
+                "| nodes | round | ps ms | workers ms | coordinator ms | "
+                f"all ms | all over {cores} cores ms | step ms |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            ]
+            for nodes in ("1", "2", "1 unshaped", "2 unshaped"):
+                if nodes not in row:
+                    continue
+                pairs = zip(row[nodes]["cpu_s"], row[nodes]["rounds"],
+                            strict=True)  # fmt: skip
+                for i, (cpu, step) in enumerate(pairs):
+                    workers = sum(
+                        t for n, t in cpu.items() if n.startswith("worker")
+                    )
+                    every = sum(cpu.values())
+                    lines.append(
+                        f"| {nodes} | {i + 1} | {1e3 * cpu['ps']:.0f} | "
+                        f"{1e3 * workers:.0f} | {1e3 * cpu['chief']:.0f} | "
+                        f"{1e3 * every:.0f} | {1e3 * every / cores:.0f} | "
+                        f"{1e3 * step:.0f} |"
+                    )
         for row in result["rows"]:
             if "average_s" not in row["2"]:
                 continue
@@ -982,7 +1083,7 @@ def main():
               flush=True)  # fmt: skip
 
     results = {"cpu": common.cpu_model(), "date": time.strftime("%Y-%m-%d"),
-               "models": []}  # fmt: skip
+               "cores": len(os.sched_getaffinity(0)), "models": []}  # fmt: skip
     with emulated_cluster.EmulatedCluster(5) as cluster:
         for model in args.models.split(","):
             results["models"].append(
