@@ -504,8 +504,9 @@ class Job:
         )  # fmt: skip
         for node in range(self.nodes):
             # Not pinned: a TensorFlow worker server pinned to one core
-            # (taskset -c) never finishes a step; one intra-op thread
-            # keeps its computation to one core.
+            # (taskset -c) never finishes a step. One intra-op thread, but
+            # with its two inter-op ones a worker alone computes on both
+            # cores (its CPU time per update exceeds its step).
             servers[f"worker {node}"] = self.cluster.spawn(
                 node,
                 [PYTHON, MAIN, "--job_name=worker", f"--task_index={node}",
@@ -828,6 +829,12 @@ def predict_row(result, fits, row, one, round_=None):
         return measured["step_s"]
 
     if engine.traffic is traffic.PUSH_PULL:
+        if "1 unshaped" not in row:
+            sys.exit(
+                f"network_scaling: the {row['name']} row has no jobs on "
+                "unshaped links (a run saved before they were measured): "
+                "run it again"
+            )
         # One worker's pull and push: its 1-node step less the same job's
         # on unshaped links. The step without the network on two nodes is
         # the 2-node job's on unshaped links, as the twin 1-node jobs are
@@ -957,8 +964,8 @@ def report(results):
                 "",
                 f"{row['name']}: CPU time per update over the timed steps, "
                 "each round (the chief is the coordinator), against the "
-                f"step; what the machine's {cores} cores take to give it "
-                "all is a floor under the step:",
+                f"step; all of it over the machine's {cores} cores is a "
+                "floor under the step:",
                 "",
                 "| nodes | round | ps ms | workers ms | coordinator ms | "
                 f"all ms | all over {cores} cores ms | step ms |",
