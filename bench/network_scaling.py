@@ -160,22 +160,20 @@ def run_worker(spec):
     block(spec["warmup_steps"])
     warmup = time.perf_counter() - start
     each_step.clear()
-    # The CPU time over the timed blocks of this process (the chief; for
-    # parameter_server the coordinator) and of those in `cpu_of` (its
-    # ps and worker servers).
-    sessions = {**spec.get("cpu_of", {}), "chief": os.getsid(0)}
-    cpu_before = cpu_seconds(sessions)
+    # parameter_server's jobs: the CPU time over the timed blocks of its
+    # ps and worker servers (`cpu_of`) and of this process, the chief
+    # (its coordinator).
+    sessions = spec.get("cpu_of")
+    if sessions:
+        sessions = {**sessions, "chief": os.getsid(0)}
+        cpu_before = cpu_seconds(sessions)
     seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
-    cpu_after = cpu_seconds(sessions)
+    if sessions:
+        cpu_after = cpu_seconds(sessions)
     result = {
         "step_s": [s / spec["steps"] for s in seconds],
         "each_step_s": each_step,
         "warmup_s": warmup,
-        "cpu_s": {
-            name: (cpu_after[name] - cpu_before[name])
-            / (spec["steps"] * spec["blocks"])
-            for name in sessions
-        },
         "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
@@ -186,6 +184,12 @@ def run_worker(spec):
             if v.dtype in ("float32",)
         ),
     }
+    if sessions:
+        result["cpu_s"] = {
+            name: (cpu_after[name] - cpu_before[name])
+            / (spec["steps"] * spec["blocks"])
+            for name in sessions
+        }
     if hasattr(mode, "average_in_place"):
         # The averaging engine's own all-reduce (weights, statistics and
         # slots, as `after_step` does), timed alone: what the model's
@@ -957,6 +961,8 @@ def report(results):
                 + " of the link's rate.",
             ]
         for row in result["rows"]:
+            # Runs saved before only parameter_server's jobs measured it
+            # have the CPU time of other chiefs alone.
             if "ps" not in row["2"].get("cpu_s", [{}])[0]:
                 continue
             cores = results.get("cores", 2)
