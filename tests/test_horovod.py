@@ -128,6 +128,31 @@ def test_horovod_equals_one_process_and_mirrored():
         np.testing.assert_array_equal(ours, theirs)
 
 
+@pytest.mark.parametrize(
+    "knob",
+    [(), ("--gradient_compression=fp16",), ("--accumulate_steps=2",)],
+    ids=["plain", "fp16", "accumulate"],
+)
+def test_overlapped_buckets_sum_as_one_group(knob):
+    """Four buckets (of 16 bytes: a tensor each) against one group.
+
+    Each sum is the same two gradients added, whichever all-reduce carries
+    it: the weights are equal to the bit.
+    """
+    overlapped, one_group = engine_runs.equivalence_runs(
+        Spec("horovod", 2, extra=("--all_reduce_pack_bytes=16", *knob)),
+        Spec("horovod", 2, extra=("--nooverlap_all_reduce", *knob)),
+    )
+    assert "gradient all-reduce: 4 bucket(s)" in overlapped.output
+    assert "gradient all-reduce: one group after" in one_group.output
+    engine_runs.assert_same_weights(
+        overlapped.weights(),
+        one_group.weights(),
+        one_group.weights(name="first"),
+        rtol=0,
+    )
+
+
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as stream:

@@ -115,6 +115,31 @@ def test_packing_changes_nothing_and_float16_gradients_stay_close():
         np.testing.assert_array_equal(ours, theirs)
 
 
+@on_one_set
+@pytest.mark.parametrize("knob", [(), ("--accumulate_steps=2",)])
+def test_packs_overlapped_sum_as_one_pack(knob):
+    """Packs of 64 bytes (overlapped) against one pack after the backward
+    pass, with and without accumulation: the same two gradients added."""
+    overlapped, one_pack = engine_runs.equivalence_runs(
+        *(
+            Spec("multi_worker", 2, extra=(*extra, *knob),
+                 launcher="multi_worker")
+            for extra in (
+                ("--all_reduce_pack_bytes=64",),
+                ("--nooverlap_all_reduce",),
+            )
+        )
+    )  # fmt: skip
+    assert "gradient all-reduce: 2 bucket(s)" in overlapped.output
+    assert "gradient all-reduce: one pack after" in one_pack.output
+    engine_runs.assert_same_weights(
+        overlapped.weights(),
+        one_pack.weights(),
+        one_pack.weights(name="first"),
+        rtol=0,
+    )
+
+
 MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime

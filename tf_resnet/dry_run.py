@@ -78,16 +78,33 @@ def report(config, started):
             f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
             f"  dtype policy: {started.dtype_policy} "
             f"(--dtype={config.runtime.dtype})",
-            *_all_reduce_knobs(dist),
+            *_all_reduce_knobs(engine, dist, config.runtime.xla),
         ]
     )
 
 
-def _all_reduce_knobs(dist):
-    """A line for the gradient all-reduce's knobs, when any is set."""
+def _all_reduce_knobs(engine, dist, xla):
+    """A line for the gradient all-reduce's knobs, when any is set.
+
+    The buckets' count depends on the model, which a dry run does not
+    build: the run's start line gives it.
+    """
     knobs = []
+    overlapped = engine.overlaps and dist.overlap_all_reduce
+    if overlapped:
+        size = engines.bucket_bytes(dist.all_reduce_pack_bytes)
+        knobs.append(
+            f"buckets of about {size / 2**20:g} MiB in reverse layer order, "
+            + (
+                "issued together (--xla computes every gradient at once)"
+                if xla
+                else "each issued as the backward pass produces it"
+            )
+        )
+    elif engine.overlaps:
+        knobs.append("one all-reduce after the backward pass")
     if dist.gradient_compression != engines.NO_COMPRESSION:
         knobs.append(f"{dist.gradient_compression} on the wire")
-    if dist.all_reduce_pack_bytes:
+    if dist.all_reduce_pack_bytes and not overlapped:
         knobs.append(f"packs of {dist.all_reduce_pack_bytes} bytes")
     return [f"  gradient all-reduce: {', '.join(knobs)}"] if knobs else []

@@ -112,6 +112,9 @@ class Engine:
         `--gradient_compression=fp16`; the engines without one refuse it.
       packs: what `--all_reduce_pack_bytes` sets in it; empty: it takes
         no pack size and refuses one.
+      overlaps: its gradient all-reduce runs in buckets overlapped with
+        the backward pass (`distribute.buckets`) unless
+        `--nooverlap_all_reduce`; the engines without one refuse that flag.
       traffic: what it sends between nodes for one update
         (`tf_resnet.traffic`), for the scaling model; None: one node.
     """
@@ -133,6 +136,7 @@ class Engine:
     averaging: Callable | None = None
     compresses: bool = False
     packs: str = ""
+    overlaps: bool = False
     traffic: object = None
 
     @property
@@ -238,6 +242,12 @@ def _check_multi_worker(dist):
             "--ps_hosts/--job_name (the cluster is --worker_hosts with "
             "--task_index, TF_CONFIG or Slurm)"
         )
+    if dist.all_reduce_pack_bytes and not dist.overlap_all_reduce:
+        raise UserInputError(
+            "--all_reduce_pack_bytes splits multi_worker's all-reduce into "
+            "packs, which overlap the backward pass: drop it with "
+            "--nooverlap_all_reduce (one pack after the backward pass)"
+        )
     if dist.cpu_replicas > 1:
         raise UserInputError(
             "--cpu_replicas is for --distribution=mirrored; a multi_worker "
@@ -294,6 +304,7 @@ ENGINES = {
             averaging=_horovod_averaging_mode,
             compresses=True,
             packs="HOROVOD_FUSION_THRESHOLD (an explicit one wins)",
+            overlaps=True,
             traffic=traffic.ALL_REDUCE_EVERY_STEP,
         ),
         Engine(
@@ -336,12 +347,24 @@ ENGINES = {
             averaging=_multi_worker_averaging_mode,
             compresses=True,
             packs="CommunicationOptions(bytes_per_pack)",
+            overlaps=True,
             traffic=traffic.ALL_REDUCE_EVERY_STEP,
         ),
     )
 }
 # `auto` is no engine: it becomes one of them (`resolve`, `running`).
 DISTRIBUTIONS = (AUTO, *ENGINES)
+# The bucket size of the overlapped gradient all-reduce when
+# `--all_reduce_pack_bytes` is 0 (`distribute.buckets`): the size measured
+# best on emulated links (bench/results/network_scaling.md).
+DEFAULT_BUCKET_BYTES = 4 * 2**20
+
+
+def bucket_bytes(pack_bytes):
+    """The bucket size `--all_reduce_pack_bytes` asks for (0: the default)."""
+    return pack_bytes or DEFAULT_BUCKET_BYTES
+
+
 # `--gradient_compression`: Horovod's names (`hvd.Compression.fp16`).
 NO_COMPRESSION = "none"
 GRADIENT_COMPRESSIONS = (NO_COMPRESSION, "fp16")
@@ -350,8 +373,8 @@ GRADIENT_COMPRESSIONS = (NO_COMPRESSION, "fp16")
 def check_settings(engine, dist):
     """Whether the distribution settings `dist` suit `engine`.
 
-    The knobs of a gradient all-reduce (the engine's `compresses` and
-    `packs`), then the engine's own `check`.
+    The knobs of a gradient all-reduce (the engine's `compresses`,
+    `packs` and `overlaps`), then the engine's own `check`.
 
     Raises:
       UserInputError: a knob the engine does not take, naming the engines
@@ -360,6 +383,7 @@ def check_settings(engine, dist):
     knobs = (
         ("gradient_compression", NO_COMPRESSION, "compresses"),
         ("all_reduce_pack_bytes", 0, "packs"),
+        ("overlap_all_reduce", True, "overlaps"),
     )
     for flag, unset, fact in knobs:
         value = getattr(dist, flag)

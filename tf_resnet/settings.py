@@ -364,11 +364,21 @@ class DistributionConfig:
     )
     all_reduce_pack_bytes: int = setting(
         0,
-        "Bytes per pack (fused buffer) of the gradient all-reduce (0: the "
-        "engine's default). multi_worker: CommunicationOptions' "
-        "bytes_per_pack; horovod: HOROVOD_FUSION_THRESHOLD, unless that is "
-        "set in the environment.",
+        "Bytes per bucket (pack, fused buffer) of the gradient all-reduce "
+        "(0: the engine's default; buckets of 4 MiB). horovod and "
+        "multi_worker: the buckets of the overlapped all-reduce; "
+        "multi_worker: also CommunicationOptions' bytes_per_pack; horovod: "
+        "also HOROVOD_FUSION_THRESHOLD, unless that is set in the "
+        "environment.",
         bounds=NON_NEGATIVE,
+    )
+    overlap_all_reduce: bool = setting(
+        True,
+        "horovod and multi_worker: all-reduce the gradients in buckets, "
+        "each as soon as the backward pass has produced it, so the "
+        "transfers overlap the rest of the backward pass. "
+        "--nooverlap_all_reduce: one all-reduce of every gradient after "
+        "the backward pass.",
     )
 
     def __post_init__(self):

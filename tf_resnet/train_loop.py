@@ -69,9 +69,12 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
     (mixup/CutMix); with `ema`, the moving average follows each update.
 
     With `--accumulate_steps=K` above 1 the batch is split into K
-    micro-batches, run one after another in a `tf.while_loop` (one at a
-    time: the memory of one micro-batch), whose gradients and metrics are
-    summed before the one all-reduce and update.
+    micro-batches, run one after another (one at a time: the memory of one
+    micro-batch), whose gradients and metrics are summed before the one
+    all-reduce and update: the first K-1 in a `tf.while_loop`, the last
+    after it, outside the loop, so that its gradients appear one by one as
+    a step's without accumulation and the mode's all-reduce overlaps its
+    backward pass (a loop's outputs exist only once it has ended).
 
     With `config.xla` the forward and backward pass (of each micro-batch)
     is compiled by XLA; the all-reduce and the update stay outside it,
@@ -128,19 +131,19 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
         variables = model.trainable_variables
         unused = set()  # Variables without a gradient: None, as for K=1.
 
-        def add_micro_batch(i, grads_sum, metrics_sum):
-            grads, metrics = micro_step(images[i], labels[i])
+        def add(micro_images, micro_labels, grads_sum, metrics_sum):
+            grads, metrics = micro_step(micro_images, micro_labels)
             unused.update(j for j, g in enumerate(grads) if g is None)
             grads_sum = [
                 s if g is None else s + g
                 for s, g in zip(grads_sum, grads, strict=True)
             ]
             metrics_sum = {k: metrics_sum[k] + metrics[k] for k in metrics}
-            return i + 1, grads_sum, metrics_sum
+            return grads_sum, metrics_sum
 
         _, grads, metrics = tf.while_loop(
-            lambda i, *_: i < steps,
-            add_micro_batch,
+            lambda i, *_: i < steps - 1,
+            lambda i, *sums: (i + 1, *add(images[i], labels[i], *sums)),
             (
                 tf.constant(0),
                 [tf.zeros(v.shape, v.dtype) for v in variables],
@@ -149,6 +152,10 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
             # One micro-batch at a time: their memory is not held together.
             parallel_iterations=1,
         )
+        # The last micro-batch once the loop has ended, for the same reason.
+        with tf.control_dependencies([metrics["examples"]]):
+            last = [tf.identity(x[steps - 1]) for x in (images, labels)]
+        grads, metrics = add(*last, grads, metrics)
         grads = [None if j in unused else g for j, g in enumerate(grads)]
         return add_decay(grads), metrics
 
@@ -464,6 +471,11 @@ def _train(config, mode, plan, split):
                 mode.replica_batch, config.optim.accumulate_steps
             ),
         )
+        all_reduce = mode.describe_all_reduce(
+            state.model.trainable_variables, config.runtime.xla
+        )
+        if all_reduce:
+            logging.info("gradient all-reduce: %s", all_reduce)
     iterator = mode.distribute_dataset(
         functools.partial(_training_dataset, split, config, step)
     )

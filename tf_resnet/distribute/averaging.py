@@ -66,6 +66,11 @@ class LocalSteps:
         """Unchanged: every process updates on its own gradients."""
         return grads
 
+    def describe_all_reduce(self, variables, xla=False):
+        """None of gradients: the weights are averaged instead."""
+        del variables, xla
+        return ""
+
     def after_step(self, step, state):
         """Every `average_every` steps: weights, BN stats, slots to the mean."""
         if step % self.average_every == 0:

@@ -163,6 +163,14 @@ class DistributionMode:
         """
         return grads
 
+    def describe_all_reduce(self, variables, xla=False):
+        """How the gradients of `variables` cross processes, for the start line.
+
+        Empty for a mode whose gradients cross no process boundary.
+        """
+        del variables, xla
+        return ""
+
     def all_reduce_sum(self, values):
         """Sums numpy values over processes (evaluation counts, metrics)."""
         return values

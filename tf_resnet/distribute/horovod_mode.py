@@ -6,8 +6,11 @@ One process ("rank") per device, launched by `horovodrun` (or `mpirun`):
       --distribution=horovod ...
 
 Each rank reads its own shard of the data, computes gradients of its part of
-the global batch and sums them with one fused all-reduce per step, so every
-rank applies the same update (the semantics of `hvd.DistributedGradientTape`).
+the global batch and sums them over the ranks, so every rank applies the
+same update (the semantics of `hvd.DistributedGradientTape`). The sums are
+grouped all-reduces of gradient buckets, each issued as the backward pass
+produces its gradients (`buckets`); `--nooverlap_all_reduce` sums them in
+one group after the backward pass.
 BatchNorm moving statistics are the one piece of state each rank updates from
 its own data; `synchronize` averages them before evaluation and checkpoints,
 so the ranks never disagree about the model they report.
@@ -23,7 +26,8 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tf_resnet.distribute import averaging, base
+from tf_resnet import engines
+from tf_resnet.distribute import averaging, base, buckets
 from tf_resnet.distribute.averaging import float_variables
 
 
@@ -75,18 +79,25 @@ class HorovodMode(base.DistributionMode):
     name = "horovod"
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(self, global_batch, compression="none", pack_bytes=0):
+    def __init__(
+        self, global_batch, compression="none", pack_bytes=0, overlap=True
+    ):
         """Starts Horovod.
 
         Args:
           global_batch: examples of one step over all ranks.
           compression: `--gradient_compression`, the name of the
             `hvd.Compression` the gradients are all-reduced with.
-          pack_bytes: `--all_reduce_pack_bytes` (0: Horovod's default).
+          pack_bytes: `--all_reduce_pack_bytes`: the bucket size and
+            Horovod's fusion threshold (0: the default bucket size and
+            Horovod's own threshold).
+          overlap: `--overlap_all_reduce`: one all-reduce per bucket as the
+            gradients appear, else one group after the backward pass.
         """
         set_cycle_time()
         set_fusion_threshold(pack_bytes)
         hvd.init()  # Its GPU is the local rank's: `devices.plan`.
+        self.bucket_bytes = engines.bucket_bytes(pack_bytes) if overlap else 0
         self.compression = getattr(hvd.Compression, compression)
         self.num_replicas = hvd.size()
         self.replicas_per_update = hvd.size()
@@ -104,12 +115,24 @@ class HorovodMode(base.DistributionMode):
     def all_reduce_gradients(self, grads):
         """Sums over ranks; each loss is already divided by the global batch.
 
+        One grouped all-reduce per bucket (`buckets`), or of all of them.
         With `--gradient_compression=fp16`, of float16 copies (Horovod
         casts them and the sums back).
         """
+        if not self.bucket_bytes:
+            return self._sum(list(grads))
+        return buckets.all_reduce(grads, self.bucket_bytes, self._sum)
+
+    def _sum(self, tensors):
         return hvd.grouped_allreduce(
-            list(grads), op=hvd.Sum, compression=self.compression
+            tensors, op=hvd.Sum, compression=self.compression
         )
+
+    def describe_all_reduce(self, variables, xla=False):
+        """The gradient all-reduce, for the start line."""
+        if not self.bucket_bytes:
+            return "one group after the backward pass"
+        return buckets.describe(variables, self.bucket_bytes, xla)
 
     def reduce_sum(self, per_replica_value):
         """Step metrics of all ranks, so every rank logs the global loss."""
@@ -167,7 +190,10 @@ def make_mode(global_batch, dist, devices):
     """`--distribution=horovod`; start-up gave the rank its device."""
     del devices
     return HorovodMode(
-        global_batch, dist.gradient_compression, dist.all_reduce_pack_bytes
+        global_batch,
+        dist.gradient_compression,
+        dist.all_reduce_pack_bytes,
+        dist.overlap_all_reduce,
     )
 
 

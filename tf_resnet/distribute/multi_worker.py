@@ -11,9 +11,15 @@ a Slurm job step (`SlurmClusterResolver`). `python -m
 tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
 
 The gradient all-reduce is the Keras optimizer's, over the strategy's
-replicas: `--all_reduce_pack_bytes` is its `CommunicationOptions`'
-`bytes_per_pack`, and `--gradient_compression=fp16` runs it on float16
-copies (`tf_strategy.all_reduce_in_float16`).
+replicas, in packs of `CommunicationOptions`' `bytes_per_pack`: TensorFlow
+packs the gradients in reverse order, the last layer's first, and each
+pack's collective runs once its own gradients exist, so the packs are the
+overlapped all-reduce's buckets (`buckets.plan` makes the same ones; a
+profile of a step shows the overlap: `tests/test_overlap.py`). Their size
+is `--all_reduce_pack_bytes` or the buckets' default;
+`--nooverlap_all_reduce` makes it one pack, all-reduced after the backward
+pass. `--gradient_compression=fp16` runs it on float16 copies
+(`tf_strategy.all_reduce_in_float16`).
 
 Consistency of the state: variables are mirrored (`ON_WRITE`) on every
 worker. Trainable weights get the same all-reduced update everywhere. The
@@ -41,8 +47,8 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_resnet import detect
-from tf_resnet.distribute import averaging, base, tf_strategy
+from tf_resnet import detect, engines
+from tf_resnet.distribute import averaging, base, buckets, tf_strategy
 from tf_resnet.errors import UserInputError
 
 # What collectives all-reduce exactly; other variables (RNG states) stay.
@@ -227,12 +233,30 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
 
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(self, strategy, global_batch, compression="none"):
+    def __init__(
+        self, strategy, global_batch, compression="none", bucket_bytes=0
+    ):
+        """A worker of the cluster of `strategy`.
+
+        Args:
+          strategy: its `MultiWorkerMirroredStrategy` (`make_strategy`).
+          global_batch: examples of one step over all replicas.
+          compression: `--gradient_compression`.
+          bucket_bytes: the strategy's `bytes_per_pack`, for the start
+            line (0: one pack).
+        """
         self.collectives = Collectives(strategy)
         self.num_workers = self.collectives.num_workers
         self.worker_index = self.collectives.worker_index
         self.is_chief = self.worker_index == 0
+        self.bucket_bytes = bucket_bytes
         super().__init__(strategy, "multi_worker", global_batch, compression)
+
+    def describe_all_reduce(self, variables, xla=False):
+        """The gradient all-reduce, for the start line."""
+        if not self.bucket_bytes:
+            return "one pack after the backward pass"
+        return buckets.describe(variables, self.bucket_bytes, xla)
 
     def distribute_dataset(self, dataset_fn):
         """Each worker reads its own shard: `distribute_datasets_from_function`.
@@ -386,10 +410,15 @@ def make_mode(global_batch, config, devices):
     """The mode for `settings.DistributionConfig`; first TF work of the run."""
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
-    strategy = make_strategy(
-        resolver, config.collective_timeout_secs, config.all_reduce_pack_bytes
+    packs = (
+        engines.bucket_bytes(config.all_reduce_pack_bytes)
+        if config.overlap_all_reduce
+        else 0
     )
-    return MultiWorkerMode(strategy, global_batch, config.gradient_compression)
+    strategy = make_strategy(resolver, config.collective_timeout_secs, packs)
+    return MultiWorkerMode(
+        strategy, global_batch, config.gradient_compression, packs
+    )
 
 
 def make_averaging_mode(global_batch, config, devices):

@@ -1,0 +1,131 @@
+"""One profiled training step of a process of a multi-process engine.
+
+  python -m tf_resnet.launch.horovod --np=2 --main=tests/profile_step.py \
+      -- OUT distribution=horovod model=resnet20 ...
+  python -m tf_resnet.launch.multi_worker --np=2 \
+      --main=tests/profile_step.py -- OUT distribution=multi_worker ...
+
+Each process builds the model, optimizer and mode as a run does
+(`builders`, `train_loop.make_replica_fn`, `DistributionMode.make_train_step`),
+runs two steps, then one step under TensorFlow's profiler. The chief writes
+to OUT (JSON) the op events of that step, from the profile's XPlane: each
+op's name, type, start and end in microseconds from the step's first op.
+The settings are `[--]name=value` words (`settings.make_config`'s names;
+the launchers may add flags of their own).
+"""
+
+import glob
+import json
+import os
+import sys
+import tempfile
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
+
+from tf_resnet import builders, runtime, train_loop  # noqa: E402
+from tf_resnet.distribute.base import TrainState  # noqa: E402
+from tf_resnet.modes import make_mode  # noqa: E402
+from tf_resnet.settings import make_config  # noqa: E402
+
+
+def parse(words):
+    """The output path and the `[--]name=value` words as config values."""
+    values, out = {}, None
+    for word in words:
+        if "=" not in word:
+            out = word
+            continue
+        name, value = word.removeprefix("--").split("=", 1)
+        if value in ("True", "False"):
+            value = value == "True"
+        elif value.lstrip("-").isdigit():
+            value = int(value)
+        values[name] = value
+    return out, values
+
+
+def op_events(logdir):
+    """`[(name, type, start_us, end_us)]` of the TensorFlow ops profiled."""
+    space = xplane_pb2.XSpace()
+    (path,) = glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)
+    with open(path, "rb") as stream:
+        space.ParseFromString(stream.read())
+    events = []
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if ":" not in name or "::" in name:  # Ops: "scope/op:Type".
+                    continue
+                op, kind = name.rsplit(":", 1)
+                start = (line.timestamp_ns * 1000 + event.offset_ps) / 1e6
+                events.append(
+                    (op, kind, start, start + event.duration_ps / 1e6)
+                )
+    first = min(start for _, _, start, _ in events)
+    return [(op, kind, s - first, e - first) for op, kind, s, e in events]
+
+
+def main(words):
+    out, values = parse(words)
+    config = make_config(
+        train_data_path="unused",
+        intra_op_threads=1,
+        inter_op_threads=2,
+        dtype="float32",
+        **values,
+    )
+    started = runtime.start(config)
+    keras.utils.set_random_seed(0)
+    mode = make_mode(
+        started.distribution,
+        config.optim.batch_size,
+        config.distribution,
+        started.devices,
+    )
+    info = types.SimpleNamespace(num_classes=10, image_size=32)
+    model = builders.build_model(config, mode, info)
+    optimizer = builders.build_optimizer(config, mode, model, total_steps=100)
+    state = TrainState(model, optimizer)
+    mode.broadcast_initial_state(state)
+    step = mode.make_train_step(
+        train_loop.make_replica_fn(model, optimizer, mode, config)
+    )
+    rng = np.random.default_rng(0)
+    batch = (
+        rng.normal(size=(mode.replica_batch, 32, 32, 3)).astype("float32"),
+        rng.integers(0, 10, size=mode.replica_batch).astype("int32"),
+    )
+    iterator = mode.distribute_dataset(
+        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
+    )
+    for _ in range(2):
+        mode.fetch(step(iterator))
+    logdir = tempfile.mkdtemp(prefix="tf_resnet_profile_")
+    tf.profiler.experimental.start(logdir)
+    mode.fetch(step(iterator))
+    tf.profiler.experimental.stop()
+    if mode.is_chief:
+        with open(out, "w") as stream:
+            json.dump(
+                {
+                    "events": op_events(logdir),
+                    "all_reduce": mode.describe_all_reduce(
+                        model.trainable_variables
+                    ),
+                },
+                stream,
+            )
+    mode.end_of_run()
+    mode.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,117 @@
+"""The gradient all-reduce overlapped with the backward pass, from profiles.
+
+`tests/profile_step.py` runs one step of two processes under TensorFlow's
+profiler, started by each engine's launcher (loopback namespaces), and
+the chief's op events are read back. An optimizer update of a variable
+runs once its all-reduced gradient exists, so an update that starts
+before the last gradient op of the backward pass ends shows that its
+bucket's all-reduce was issued and finished while the backward pass was
+still computing. With `--nooverlap_all_reduce` no update may start before
+the backward pass ends: the test would see the difference.
+
+ResNet-20 with buckets (packs) of 64 KiB: ten of them, the first holding
+the classifier and the last block, which the backward pass computes
+first.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, requires_horovod
+from tf_resnet import dry_run, engines
+from tf_resnet.distribute import buckets
+from tf_resnet.settings import DistributionConfig
+
+PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
+UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def profile(tmp_path, engine, *settings):
+    """The chief's op events of one profiled step, and its start line's."""
+    out = tmp_path / f"{engine}.json"
+    launcher = "horovod" if engine == "horovod" else "multi_worker"
+    command = [
+        sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",
+        f"--main={PROFILE_STEP}", "--", str(out), f"distribution={engine}",
+        "model=resnet20", "batch_size=128", *settings,
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def overlap(result):
+    """`(updates before the backward pass ended, all updates)`."""
+    events = result["events"]
+    backward_end = max(
+        end for op, _, _, end in events if op.startswith("gradient_tape/")
+    )
+    updates = [
+        start
+        for op, kind, start, _ in events
+        if op.startswith("sgd/") and kind in UPDATES
+    ]
+    assert updates, "no optimizer update in the profile"
+    return sum(start < backward_end for start in updates), len(updates)
+
+
+ENGINES = [
+    pytest.param("horovod", marks=requires_horovod),
+    "multi_worker",
+]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_all_reduce_overlaps_the_backward_pass(tmp_path, engine):
+    overlapped = profile(tmp_path, engine, "all_reduce_pack_bytes=65536")
+    assert overlapped["all_reduce"].startswith("10 bucket(s) of about 0.0625")
+    early, total = overlap(overlapped)
+    assert early > 0, f"every one of {total} updates after the backward pass"
+
+    one_group = profile(tmp_path, engine, "overlap_all_reduce=False")
+    assert "after the backward pass" in one_group["all_reduce"]
+    early, total = overlap(one_group)
+    assert early == 0, f"{early} of {total} updates before the all-reduce"
+
+
+def test_buckets_take_the_last_tensors_first():
+    class Tensor:  # What `plan` reads of a tensor.
+        def __init__(self, elements):
+            self.shape, self.dtype = (elements,), "float32"
+
+    tensors = [Tensor(4), None, Tensor(2), Tensor(1), Tensor(8)]
+    # 8 bytes: the last tensor (32 bytes) alone, then more than 8 bytes
+    # from the end on (4 + 8), then what is left; the None in none.
+    assert buckets.plan(tensors, 8) == [[4], [3, 2], [0]]
+    assert buckets.plan(tensors, 1000) == [[4, 3, 2, 0]]
+    reduced = buckets.all_reduce(
+        tensors, 8, lambda bucket: [len(bucket)] * len(bucket)
+    )
+    assert reduced == [1, None, 2, 2, 1]
+
+
+def test_dry_run_names_the_all_reduce():
+    horovod = engines.get("horovod")
+
+    def line(xla=False, **settings):
+        dist = DistributionConfig(distribution="horovod", **settings)
+        return dry_run._all_reduce_knobs(horovod, dist, xla)
+
+    assert line() == [
+        "  gradient all-reduce: buckets of about 4 MiB in reverse layer "
+        "order, each issued as the backward pass produces it"
+    ]
+    assert "issued together (--xla" in line(xla=True)[0]
+    assert line(overlap_all_reduce=False, all_reduce_pack_bytes=64) == [
+        "  gradient all-reduce: one all-reduce after the backward pass, "
+        "packs of 64 bytes"
+    ]
+    # An engine without a gradient all-reduce: no line.
+    assert not dry_run._all_reduce_knobs(
+        engines.get("mirrored"), DistributionConfig(), False
+    )
