@@ -53,6 +53,7 @@ from tf_resnet import engines, scaling, traffic  # noqa: E402
 RESULT = "NETWORK_SCALING_RESULT "
 # The links' rate where a job's step is to hold no network time, Mbit/s.
 UNSHAPED_MBIT = 100_000
+UNSHAPED = "unshaped"  # `--network`: links at that rate.
 PYTHON = sys.executable
 HERE = os.path.abspath(__file__)
 MAIN = os.path.join(common.ROOT, "resnet_main.py")
@@ -99,6 +100,8 @@ def cpu_seconds(sessions):
 
 def run_worker(spec):
     """One process of a job: time steps (and all-reduces); rank 0 reports."""
+    if spec.get("script") == "tape":
+        return run_tape_script(spec)
     import numpy as np
     import tensorflow as tf
 
@@ -167,11 +170,15 @@ def run_worker(spec):
     if sessions:
         sessions = {**sessions, "chief": os.getsid(0)}
         cpu_before = cpu_seconds(sessions)
+    process_cpu = time.process_time()
     seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
+    process_cpu = time.process_time() - process_cpu
     if sessions:
         cpu_after = cpu_seconds(sessions)
     result = {
         "step_s": [s / spec["steps"] for s in seconds],
+        # This process's CPU time per step, every thread of it.
+        "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
         "each_step_s": each_step,
         "warmup_s": warmup,
         "tensors": len(model.trainable_variables),
@@ -214,6 +221,81 @@ def run_worker(spec):
     if mode.is_chief:
         print(RESULT + json.dumps(result), flush=True)
     mode.shutdown()
+
+
+def run_tape_script(spec):
+    """A plain Horovod TF2 script's step: the anchor of the overlap rows.
+
+    What a user writes from Horovod's TensorFlow 2 example, not the
+    engine: the same model (`models.build_model`), batch and threads, a
+    `tf.function` step whose `hvd.DistributedGradientTape` all-reduces
+    each gradient (its default: one all-reduce per tensor, fused by
+    Horovod's background thread as they arrive), and Keras' SGD with
+    momentum. It hands Horovod the `tf.Variable`s behind the Keras ones, as
+    the engine does (`horovod_mode.tf_variables`), and the engine's cycle
+    time on CPU (`set_cycle_time`). No weight decay, no metrics beyond the
+    loss: a few ms less work than the engine's step.
+    """
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_resnet import models
+    from tf_resnet.distribute.horovod_mode import set_cycle_time, tf_variables
+
+    size, classes = model_shape(spec["model"])
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    set_cycle_time()
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    model = models.build_model(spec["model"], classes, (size, size, 3))
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    variables = model.trainable_variables
+    optimizer.build(variables)
+    hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, tf_variables(variables))
+        optimizer.apply_gradients(zip(grads, variables, strict=True))
+        return loss
+
+    batch = spec["global_batch"] // hvd.size()
+    rng = np.random.default_rng(0)
+    images = tf.constant(
+        rng.normal(size=(batch, size, size, 3)).astype("float32")
+    )
+    labels = tf.constant(rng.integers(0, classes, size=batch).astype("int32"))
+
+    each_step = []
+
+    def block(steps):
+        start = time.perf_counter()
+        for _ in range(steps):
+            began = time.perf_counter()
+            loss = step(images, labels)
+            each_step.append(time.perf_counter() - began)
+        loss.numpy()
+        return time.perf_counter() - start
+
+    block(spec["warmup_steps"])
+    each_step.clear()
+    process_cpu = time.process_time()
+    seconds = [block(spec["steps"]) for _ in range(spec["blocks"])]
+    process_cpu = time.process_time() - process_cpu
+    if hvd.rank() == 0:
+        print(RESULT + json.dumps({
+            "step_s": [s / spec["steps"] for s in seconds],
+            "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
+            "each_step_s": each_step,
+        }), flush=True)  # fmt: skip
+    hvd.shutdown()
 
 
 def _summed_as_gradients(mode, tensors):
@@ -558,11 +640,19 @@ class Row:
       name: the row's label.
       flags: `resnet_main.py` settings of the run.
       knob: whether it is a knob's row (`--knobs`) or an engine's.
+      overlap: a row of the overlap comparison (`--overlap`): the one
+        all-reduce after the backward pass, and the plain Horovod script.
+      script: not the engine's step but this one (`tape`:
+        `run_tape_script`), on the engine's processes.
+      buckets: a row of another bucket size (`--bucket_sizes`).
     """
 
     name: str
     flags: dict
     knob: bool = False
+    overlap: bool = False
+    script: str = ""
+    buckets: bool = False
 
     @property
     def engine(self):
@@ -573,11 +663,19 @@ class Row:
         return self.flags.get("accumulate_steps", 1)
 
 
-def rows(average_every, pack_bytes):
+def rows(average_every, pack_bytes, bucket_sizes=()):
     """The engines, then the knobs measured beside them."""
     packs = {"all_reduce_pack_bytes": pack_bytes}
     pack_mb = f"{pack_bytes / 2**20:g} MiB"
     return [
+        *(
+            Row(f"{engine}, buckets of {mib:g} MiB",
+                {"distribution": engine,
+                 "all_reduce_pack_bytes": int(mib * 2**20)},
+                buckets=True)
+            for engine in ("horovod", "multi_worker")
+            for mib in bucket_sizes
+        ),
         Row("horovod", {"distribution": "horovod"}),
         Row("multi_worker", {"distribution": "multi_worker"}),
         Row(
@@ -595,6 +693,14 @@ def rows(average_every, pack_bytes):
             {"distribution": "multi_worker", **packs}, True),
         Row("horovod, accumulate 4",
             {"distribution": "horovod", "accumulate_steps": 4}, True),
+        Row("horovod, one group",
+            {"distribution": "horovod", "overlap_all_reduce": False},
+            overlap=True),
+        Row("DistributedGradientTape script", {"distribution": "horovod"},
+            overlap=True, script="tape"),
+        Row("multi_worker, one pack",
+            {"distribution": "multi_worker", "overlap_all_reduce": False},
+            overlap=True),
     ]  # fmt: skip
 
 
@@ -624,7 +730,7 @@ def measure_model(cluster, model, args, network, log):
         log(f"  {model} {flags} on {nodes} node(s) ...")
         return Job(cluster, spec_of(flags, processes, extra), nodes).run()
 
-    def twin(flags):
+    def twin(flags, extra=None):
         """Two 1-node jobs at once, one per core.
 
         The step of one node whose neighbour computes too, as in every
@@ -633,7 +739,7 @@ def measure_model(cluster, model, args, network, log):
         node: its median is the row's 1-node step.
         """
         log(f"  {model} {flags} on 1 node, twice at once ...")
-        jobs = [Job(cluster, spec_of(flags, 1), 1, n) for n in (0, 1)]
+        jobs = [Job(cluster, spec_of(flags, 1, extra), 1, n) for n in (0, 1)]
         try:
             chiefs = [j.start() for j in jobs]
             runs = [Job.collect(chief) for chief in chiefs]
@@ -643,6 +749,7 @@ def measure_model(cluster, model, args, network, log):
         each = [statistics.median(run["step_s"]) for run in runs]
         return {
             "step_s": slower["step_s"],
+            "process_cpu_s": slower.get("process_cpu_s"),
             "each_node_s": each,
             "paired_s": paired_slower(
                 *(run["each_step_s"] for run in runs),
@@ -659,7 +766,9 @@ def measure_model(cluster, model, args, network, log):
     cpu_step = statistics.median(reference["step_s"])
     gpu = scaling.GPU_STEPS[model]
     slowdown = cpu_step / (gpu.ms / 1e3)
-    rate = network.gbit * 1e3 / slowdown
+    # Unshaped: the links as fast as the machine moves bytes (the
+    # all-reduce's cost in software alone).
+    rate = UNSHAPED_MBIT if network is None else network.gbit * 1e3 / slowdown
     cluster.shape(rate)
     goodput = check_link(cluster)
     log(f"  {model}: CPU step {1e3 * cpu_step:.0f} ms, s = {slowdown:.1f}, "
@@ -669,7 +778,7 @@ def measure_model(cluster, model, args, network, log):
     result = {
         "model": model,
         "batch_per_process": batch,
-        "network": network.name,
+        "network": UNSHAPED if network is None else network.name,
         "cpu_step_s": cpu_step,
         "slowdown": slowdown,
         "link_mbit": rate,
@@ -697,12 +806,21 @@ def measure_model(cluster, model, args, network, log):
                  "steps": 1, "blocks": 1, "warmup_steps": 1},
             )  # fmt: skip
             result["sweeps"][f"{transport} {processes}"] = run["sweep"]
-    selected = [
-        row
-        for row in rows(args.average_every, args.pack_bytes)
-        if (args.knobs or not row.knob)
-        and not (wanted and row.engine not in wanted)
-    ]
+
+    def chosen(row):
+        if wanted and row.engine not in wanted:
+            return False
+        overlaps = engines.ENGINES[row.engine].overlaps
+        engine_row = not (row.knob or row.overlap or row.buckets)
+        if args.bucket_sizes:  # Their default bucket size, and others.
+            return row.buckets or (overlaps and engine_row)
+        if args.overlap:  # The engines that overlap, and their controls.
+            return row.overlap or (overlaps and engine_row)
+        return engine_row or (row.knob and args.knobs)
+
+    sizes = [float(m) for m in args.bucket_sizes.split(",") if m]
+    every_row = rows(args.average_every, args.pack_bytes, sizes)
+    selected = [row for row in every_row if chosen(row)]
     # Rounds: every row once per round, in alternating order, so that a
     # drift of the machine's speed touches all rows alike; each round's
     # job is one sample of the row's step.
@@ -713,14 +831,15 @@ def measure_model(cluster, model, args, network, log):
         log(f"  {model}: round {round_ + 1} of {args.rounds}")
         for row in selected if round_ % 2 == 0 else selected[::-1]:
             ps = row.engine == "parameter_server"
+            script = {"script": row.script} if row.script else {}
             jobs[row.name]["1"].append(
-                job(row.flags, 1) if ps else twin(row.flags)
+                job(row.flags, 1) if ps else twin(row.flags, script)
             )
             # The synchronous engines' 2-node jobs also time their step's
             # all-reduces alone (`communication_alone`), and Horovod's its
             # step without them (`compute_alone`).
-            plain = row.flags == {"distribution": row.engine}
-            extra = {"communication_alone": plain and not ps}
+            plain = row.flags == {"distribution": row.engine} and not script
+            extra = {"communication_alone": plain and not ps, **script}
             jobs[row.name]["2"].append(job(row.flags, 2, extra))
             if ps:
                 cluster.shape(UNSHAPED_MBIT)
@@ -732,7 +851,7 @@ def measure_model(cluster, model, args, network, log):
                 cluster.shape(rate)
     for row in selected:
         runs = jobs[row.name]
-        measured = {"name": row.name, "flags": row.flags}
+        measured = {"name": row.name, "flags": row.flags, "script": row.script}
         for key, samples in runs.items():
             medians = [statistics.median(run["step_s"]) for run in samples]
             steps = [s for run in samples for s in run["step_s"]]
@@ -754,6 +873,9 @@ def measure_model(cluster, model, args, network, log):
                    if "paired_s" in samples[0] else {}),
                 **({"cpu_s": [run["cpu_s"] for run in samples]}
                    if "cpu_s" in samples[0] else {}),
+                **({"process_cpu_s": [run["process_cpu_s"]
+                                      for run in samples]}
+                   if samples[0].get("process_cpu_s") else {}),
             }  # fmt: skip
         result["rows"].append(measured)
     return result
@@ -783,16 +905,25 @@ def paired_slower(first, second, every=1):
 TRANSPORT = {"averaging": "horovod"}
 
 
-def knobs_of(flags):
-    """The `traffic.Knobs` of a row's flags.
+def knobs_of(flags, script=""):
+    """The `traffic.Knobs` of a row's flags (and script).
 
-    Float16's halved bytes are in its own fitted transport, not here.
+    Float16's halved bytes are in its own fitted transport, not here. The
+    `DistributedGradientTape` script all-reduces each tensor as it
+    appears: a bucket per tensor.
     """
     return traffic.Knobs(
-        pack_bytes=flags.get("all_reduce_pack_bytes", 0),
+        pack_bytes=1 if script else flags.get("all_reduce_pack_bytes", 0),
         accumulate_steps=flags.get("accumulate_steps", 1),
         average_every=flags.get("average_every", 1),
+        overlap=flags.get("overlap_all_reduce", True),
     )
+
+
+def gradients_of(model):
+    """`traffic.Gradients` of a model at the size it trains on here."""
+    size, _ = model_shape(model)
+    return scaling.gradients_of(model, size)
 
 
 def fits_of(result):
@@ -817,11 +948,32 @@ def transport_of(flags):
     return f"{engine}+fp16" if fp16 else engine
 
 
-def predict_row(result, fits, row, one, round_=None):
+def communication_cpu(row, round_=None):
+    """CPU time per step a row's 2-node jobs spend beyond its 1-node jobs.
+
+    What the all-reduce costs the one core a node has here (Gloo's or
+    gRPC's threads, the kernel's TCP): overlapped, it competes with the
+    backward pass for that core, where a GPU node's CPU does it beside
+    the GPU's computation. Its median over the rounds, or `round_`'s; 0
+    for runs saved before it was measured.
+    """
+    ones = row["1"].get("process_cpu_s")
+    twos = row["2"].get("process_cpu_s")
+    if not ones or not twos:
+        return 0.0
+    extra = [max(0.0, t - o) for o, t in zip(ones, twos, strict=True)]
+    if round_ is not None and round_ < len(extra):
+        return extra[round_]
+    return statistics.median(extra)
+
+
+def predict_row(result, fits, row, one, round_=None, gradients=None):
     """The model's 2-node step of a row whose 1-node step is `one`.
 
     `round_`: the row's unshaped steps are that round's, where measured.
+    `gradients`: the model's `traffic.Gradients` (`gradients_of`).
     """
+    gradients = gradients or gradients_of(result["model"])
     flags = row["flags"]
     engine = engines.ENGINES[flags["distribution"]]
 
@@ -851,8 +1003,12 @@ def predict_row(result, fits, row, one, round_=None):
         base = 2 * step("2 unshaped")  # A worker's step: two per update.
     else:
         fit, base = fits[transport_of(flags)], one
+        knobs = knobs_of(flags, row.get("script", ""))
+        if engine.overlaps and knobs.overlap:
+            base += communication_cpu(row, round_)
+        return scaling.predict_two_nodes(engine, knobs, base, fit, gradients)
     return scaling.predict_two_nodes(
-        engine, knobs_of(flags), base, fit, result["gradient_bytes"]
+        engine, knobs_of(flags), base, fit, gradients
     )
 
 
@@ -861,6 +1017,7 @@ def report(results):
     lines = [f"{results['cpu']}, {results['date']}", ""]
     for result in results["models"]:
         fits = fits_of(result)
+        gradients = gradients_of(result["model"])
         link = result["link_mbit"] * 1e6 / 8
         lines += [
             f"### {result['model']}, batch {result['batch_per_process']} per "
@@ -896,13 +1053,16 @@ def report(results):
         lines += [
             "",
             "| engine | 1 node ms | 2 nodes ms | 2 nodes, each round ms | "
-            "speed-up | predicted 2 nodes ms | error | error, each round |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "speed-up | efficiency, each round | predicted 2 nodes ms | "
+            "error | error, each round |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in result["rows"]:
             one, two = row["1"]["step_s"], row["2"]["step_s"]
             engine = engines.ENGINES[row["flags"]["distribution"]]
-            predict = functools.partial(predict_row, result, fits, row)
+            predict = functools.partial(
+                predict_row, result, fits, row, gradients=gradients
+            )
             # Each round's 1-node and 2-node jobs ran one after the other:
             # its error is free of the machine's drift between rounds.
             ones = row["1"].get("rounds", [one])
@@ -914,17 +1074,26 @@ def report(results):
             # Throughput of 2 against 1: a synchronous step does twice the
             # work; a parameter-server step is one update either way.
             speedup = one / two * (1 if engine.asynchronous else 2)
+            # Each round's 2-node throughput against twice its 1-node one.
+            efficiency = [
+                o / t * (0.5 if engine.asynchronous else 1)
+                for o, t in zip(ones, twos, strict=True)
+            ]
             lines.append(
                 f"| {row['name']} | {1e3 * one:.0f} | {1e3 * two:.0f} | "
                 f"{', '.join(f'{1e3 * t:.0f}' for t in twos)} | "
-                f"{speedup:.2f}x | {1e3 * predict(one):.0f} | "
+                f"{speedup:.2f}x | "
+                f"{', '.join(f'{100 * e:.0f}%' for e in efficiency)} | "
+                f"{1e3 * predict(one):.0f} | "
                 f"{100 * statistics.median(errors):+.1f}% | "
                 f"{', '.join(f'{100 * e:+.0f}%' for e in errors)} |"
             )
         for row in result["rows"]:
             if "paired_s" not in row["1"]:
                 continue
-            predict = functools.partial(predict_row, result, fits, row)
+            predict = functools.partial(
+                predict_row, result, fits, row, gradients=gradients
+            )
             pairs = zip(row["1"]["paired_s"], row["1"]["slower_mean_s"],
                         row["2"]["rounds"], strict=True)  # fmt: skip
             lines += [
@@ -941,6 +1110,27 @@ def report(results):
                 )
                 + ".",
             ]
+        for row in result["rows"]:
+            if not row["2"].get("process_cpu_s"):
+                continue
+            extra = [
+                communication_cpu(row, i)
+                for i in range(len(row["2"]["process_cpu_s"]))
+            ]
+            lines += [
+                "",
+                f"{row['name']}: the chief's CPU time per step, 1 node and "
+                "2 nodes, each round: "
+                + "; ".join(
+                    f"{1e3 * o:.0f}, {1e3 * t:.0f} ms"
+                    for o, t in zip(row["1"]["process_cpu_s"],
+                                    row["2"]["process_cpu_s"], strict=True)
+                )
+                + "; the communication's, the difference: "
+                + ", ".join(f"{1e3 * e:.0f}" for e in extra)
+                + " ms (added to the step the overlapped rows' model starts "
+                "from: on one core it competes with the backward pass).",
+            ]  # fmt: skip
         for row in result["rows"]:
             if "1 unshaped" not in row:
                 continue
@@ -1053,7 +1243,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="resnet20,resnet56,resnet18")
     parser.add_argument("--network", default="10gbe",
-                        choices=sorted(scaling.NETWORKS))  # fmt: skip
+                        choices=[*sorted(scaling.NETWORKS), UNSHAPED],
+                        help="the network the links stand for; unshaped: "
+                        "the links unlimited")  # fmt: skip
     parser.add_argument(
         "--batch",
         default="resnet20=128,resnet56=128,resnet18=32",
@@ -1072,6 +1264,17 @@ def main():
     parser.add_argument(
         "--knobs", action="store_true", help="also the knobs' rows"
     )
+    parser.add_argument(
+        "--overlap", action="store_true",
+        help="the engines that overlap their all-reduce with the backward "
+        "pass, beside their one all-reduce after it and a plain Horovod "
+        "script (instead of the other rows)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--bucket_sizes", default="",
+        help="MiB, e.g. 1,16: the overlapping engines with these bucket "
+        "sizes beside their default (instead of the other rows)",
+    )  # fmt: skip
     parser.add_argument("--only", help="engines of the rows, e.g. horovod")
     parser.add_argument("--out", default="network_scaling.json")
     parser.add_argument("--report", help="print the tables of this --out file")
@@ -1089,7 +1292,7 @@ def main():
     if missing:
         sys.exit(f"network_scaling: needs {', '.join(missing)}")
     common.print_environment("Scaling on an emulated network")
-    network = scaling.NETWORKS[args.network]
+    network = scaling.NETWORKS.get(args.network)  # None: unshaped.
 
     def log(text):
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr,

@@ -10,7 +10,7 @@ replica in sync; an update sums the gradients of `replicas_per_update`
 replicas), which `tests/test_dry_run.py` holds against real modes.
 """
 
-from tf_resnet import detect, engines, schedules
+from tf_resnet import detect, engines, schedules, traffic
 
 
 def replicas(config, started):
@@ -92,7 +92,7 @@ def _all_reduce_knobs(engine, dist, xla):
     knobs = []
     overlapped = engine.overlaps and dist.overlap_all_reduce
     if overlapped:
-        size = engines.bucket_bytes(dist.all_reduce_pack_bytes)
+        size = traffic.bucket_bytes(dist.all_reduce_pack_bytes)
         knobs.append(
             f"buckets of about {size / 2**20:g} MiB in reverse layer order, "
             + (

@@ -354,17 +354,6 @@ ENGINES = {
 }
 # `auto` is no engine: it becomes one of them (`resolve`, `running`).
 DISTRIBUTIONS = (AUTO, *ENGINES)
-# The bucket size of the overlapped gradient all-reduce when
-# `--all_reduce_pack_bytes` is 0 (`distribute.buckets`): the size measured
-# best on emulated links (bench/results/network_scaling.md).
-DEFAULT_BUCKET_BYTES = 4 * 2**20
-
-
-def bucket_bytes(pack_bytes):
-    """The bucket size `--all_reduce_pack_bytes` asks for (0: the default)."""
-    return pack_bytes or DEFAULT_BUCKET_BYTES
-
-
 # `--gradient_compression`: Horovod's names (`hvd.Compression.fp16`).
 NO_COMPRESSION = "none"
 GRADIENT_COMPRESSIONS = (NO_COMPRESSION, "fp16")

@@ -7,19 +7,24 @@ that model, cluster size and network, the engine and knobs to pick, and
 the assumptions behind the figures.
 
 The model. A synchronous engine's step on `p` processes is its one-process
-step plus the part of the gradient all-reduce that nothing hides:
+step plus the part of the gradient all-reduce that nothing hides. One
+all-reduce of `n` bytes over links of bandwidth `B` and per-message
+latency `a` (a ring: a reduce-scatter and an all-gather, each of `p-1`
+rounds) takes
 
-    T(p) = T(1) + ring(n, p),  ring(n, p) = 2(p-1) a + 2(p-1)/p * n / B
+    ring(n, p) = 2(p-1) a + 2(p-1)/p * n / B.
 
-for `n` bytes of gradients over links of bandwidth `B` and per-message
-latency `a` (a ring all-reduce: a reduce-scatter and an all-gather, each
-of `p-1` rounds). Neither `horovod` nor `multi_worker` overlaps it with the
-backward pass here: both all-reduce the whole gradient list after it (the
-loop's `make_replica_fn`). `averaging` all-reduces the weights and momentum
-every k steps; `parameter_server` pulls the weights and pushes the
-gradients at every step, and its ps link carries every worker's traffic.
-Scaling efficiency is `T(1) / T(p)`: the throughput of p GPUs against p
-times one GPU's.
+`horovod` and `multi_worker` all-reduce the gradients in buckets, each as
+soon as the backward pass has produced it (`--overlap_all_reduce`, the
+default): the schedule of `traffic.AllReduceEveryStep` starts each
+bucket's ring once its gradients exist (`gradients_of` counts when, per
+model) and the link has carried the bucket before it, and what is still
+on the link when the backward pass ends is exposed. With
+`--nooverlap_all_reduce` all of `ring(n, p)` is. `averaging` all-reduces
+the weights and momentum every k steps; `parameter_server` pulls the
+weights and pushes the gradients at every step, and its ps link carries
+every worker's traffic. Scaling efficiency is `T(1) / T(p)`: the
+throughput of p GPUs against p times one GPU's.
 
 Measured and fitted on emulated networks by `bench/network_scaling.py`
 (bench/results/network_scaling.md): the fitted bandwidth efficiency of each
@@ -105,7 +110,7 @@ class GpuStep:
 _RESNET50 = GpuStep(
     108.0, 256, 4.11,
     "NVIDIA's TensorFlow ResNet-50 v1.5 benchmark, A100, mixed precision, "
-    "batch 256 (about 2,370 images/s), as issue #35 quotes it",
+    "batch 256 (about 2,370 images/s)",
 )  # fmt: skip
 
 
@@ -180,7 +185,7 @@ def fit_ring(samples):
     return RingFit(float(c), float(a), float(1 / g) if g > 0 else math.inf)
 
 
-def predict_two_nodes(engine, knobs, one_node, fit, gradient_bytes):
+def predict_two_nodes(engine, knobs, one_node, fit, gradients):
     """The 2-node step of a run from its 1-node step and a fit.
 
     The same `Engine.traffic` that projects, on two nodes of one process
@@ -193,7 +198,7 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradient_bytes):
       one_node: its 1-node step, seconds (parameter_server: the step
         without any network).
       fit: the `RingFit` of its transport.
-      gradient_bytes: float32 bytes of the trainable variables.
+      gradients: the model's `traffic.Gradients`.
 
     Returns:
       Seconds per step (per update for parameter_server: two workers'
@@ -203,7 +208,7 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradient_bytes):
     ps_tasks = 1 if engine.traffic is traffic.PUSH_PULL else None
     cluster = traffic.Cluster(2, 1, link, link, ps_tasks=ps_tasks)
     step = one_node + engine.traffic.exposed_seconds(
-        gradient_bytes, one_node, cluster, knobs
+        gradients, one_node, cluster, knobs
     )
     return step / 2 if engine.traffic is traffic.PUSH_PULL else step
 
@@ -246,21 +251,77 @@ TRANSPORTS = {
 }
 
 
-def gradient_bytes(model):
-    """float32 bytes of a model's trainable variables (built once, no data).
+def gradients_of(model, image_size=None):
+    """The `traffic.Gradients` of a model: its sizes and when each appears.
 
-    ImageNet models with ImageNet's 1000 classes at 224x224, CIFAR models
-    with 10 classes at 32x32.
+    Built once, without data: ImageNet models with ImageNet's 1000 classes
+    (at 224x224 unless `image_size`), CIFAR models with 10 classes at
+    32x32. One forward pass of one image records each layer's output, and
+    a layer's backward work is taken as its forward work: the multiply-adds
+    of its weights at each output position (a convolution's kernel at each
+    pixel of its output, a dense layer's once). A variable's gradient
+    exists once the backward pass has done its layer and every layer after
+    it, in the order the forward pass called them.
     """
     from tf_resnet import models
 
     imagenet = model in IMAGENET_MODELS
-    built = models.build_model(
-        model,
-        1000 if imagenet else 10,
-        (224, 224, 3) if imagenet else (32, 32, 3),
+    size = image_size or (224 if imagenet else 32)
+    shape, classes = (size, size, 3), 1000 if imagenet else 10
+    if model in models.MODELS:
+        built = models.build_model(model, classes, shape)
+    else:  # ResNet-101 and -152: Keras' own, for their gradients only.
+        import keras
+
+        application = _KERAS_RESNETS[model]
+        built = getattr(keras.applications, application)(
+            weights=None, input_shape=shape, classes=classes
+        )
+    called = []  # (layer, output shape), in the forward pass's order.
+    for layer in built._flatten_layers(include_self=False):
+        if layer.trainable_weights and not list(
+            layer._flatten_layers(include_self=False)
+        ):
+            layer.call = _recording(layer, layer.call, called)
+    built(np.zeros((1, size, size, 3), "float32"), training=False)
+    work = []
+    for layer, shape in called:
+        positions = math.prod(shape[1:-1])
+        weights = sum(math.prod(w.shape) for w in layer.trainable_weights)
+        work.append((layer, positions * weights))
+    total = sum(w for _, w in work)
+    ready, after = {}, 0
+    for layer, amount in reversed(work):
+        after += amount
+        for weight in layer.trainable_weights:
+            ready.setdefault(id(weight), after / total)
+    variables = built.trainable_variables
+    return traffic.Gradients(
+        tuple(4 * math.prod(v.shape) for v in variables),
+        tuple(ready.get(id(v), 1.0) for v in variables),
     )
-    return 4 * sum(int(np.prod(v.shape)) for v in built.trainable_variables)
+
+
+# The models `GPU_STEPS` projects that the project does not train: their
+# Keras application, which has the same layers (ResNet v1).
+_KERAS_RESNETS = {"resnet101": "ResNet101", "resnet152": "ResNet152"}
+
+
+def _recording(layer, call, called):
+    """`call` that notes `(layer, output shape)` in `called` first time."""
+
+    def recorded(*args, **kwargs):
+        outputs = call(*args, **kwargs)
+        if not any(seen is layer for seen, _ in called):
+            called.append((layer, tuple(outputs.shape)))
+        return outputs
+
+    return recorded
+
+
+def gradient_bytes(model):
+    """float32 bytes of a model's trainable variables."""
+    return gradients_of(model).nbytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,16 +348,16 @@ class Projection:
         parts = [self.engine.name]
         if self.engine.traffic is traffic.ALL_REDUCE_EVERY:
             parts[0] += f" every {self.knobs.average_every}"
+        if self.engine.overlaps and not self.knobs.overlap:
+            parts.append("one all-reduce after the backward pass")
         if self.knobs.compression < 1:
             parts.append("fp16")
         if self.knobs.accumulate_steps > 1:
             parts.append(f"accumulate {self.knobs.accumulate_steps}")
-        if self.knobs.overlap:
-            parts.append("overlapped with the backward pass (not built)")
         return ", ".join(parts)
 
 
-def cluster_of(gpus, gpus_per_node, network, efficiency):
+def cluster_of(gpus, gpus_per_node, network, efficiency, node=NVLINK):
     """The `traffic.Cluster`, links at `efficiency` of their rate."""
     return traffic.Cluster(
         gpus,
@@ -304,37 +365,47 @@ def cluster_of(gpus, gpus_per_node, network, efficiency):
         traffic.Link(
             network.bytes_per_s * efficiency, network.latency_us / 1e6
         ),
-        traffic.Link(NVLINK.bytes_per_s * efficiency, NVLINK.latency_us / 1e6),
+        traffic.Link(node.bytes_per_s * efficiency, node.latency_us / 1e6),
     )
 
 
-def project(model_step, nbytes, gpus, gpus_per_node, network, engine,
-            knobs=None):  # fmt: skip
+def project(model_step, gradients, gpus, gpus_per_node, network, engine,
+            knobs=None, node=NVLINK):  # fmt: skip
     """The `Projection` of `engine` (an `engines.Engine`) on a cluster.
 
     Args:
       model_step: the model's `GpuStep`.
-      nbytes: float32 bytes of its gradients.
+      gradients: its `traffic.Gradients` (`gradients_of`).
       gpus: GPUs in all, one process each.
       gpus_per_node: GPUs sharing a node and its link.
       network: the node links' `Network`.
       engine: the `engines.Engine`.
-      knobs: `traffic.Knobs` (default: none).
+      knobs: `traffic.Knobs` (default: none, the all-reduce overlapped).
+      node: the links inside a node (`Network`).
     """
     knobs = knobs or traffic.Knobs()
     compute = model_step.ms / 1e3
     cluster = cluster_of(
-        gpus, gpus_per_node, network, TRANSPORTS[engine.name].efficiency
+        gpus, gpus_per_node, network, TRANSPORTS[engine.name].efficiency, node
     )
-    exposed = engine.traffic.exposed_seconds(nbytes, compute, cluster, knobs)
+    exposed = engine.traffic.exposed_seconds(gradients, compute, cluster, knobs)
     return Projection(engine, knobs, compute * knobs.accumulate_steps, exposed)
 
 
 def candidates(average_every=(4, 16), accumulate=(2, 4)):
-    """`(engine name, Knobs)` of every row a projection shows."""
+    """`(engine name, Knobs)` of every row a projection shows.
+
+    The engines whose all-reduce overlaps the backward pass (the default)
+    also without it, the control.
+    """
+    from tf_resnet import engines
+
     rows = []
-    for name in ("horovod", "multi_worker"):
+    for name, engine in engines.ENGINES.items():
+        if not engine.overlaps:
+            continue
         rows.append((name, traffic.Knobs()))
+        rows.append((name, traffic.Knobs(overlap=False)))
         rows.append((name, traffic.Knobs(compression=0.5)))
         rows += [
             (name, traffic.Knobs(compression=0.5, accumulate_steps=k))
@@ -347,43 +418,135 @@ def candidates(average_every=(4, 16), accumulate=(2, 4)):
     return rows
 
 
-def projections(model_step, nbytes, gpus, gpus_per_node, network):
-    """Every candidate's `Projection`, and the what-if of full overlap."""
+def projections(model_step, gradients, gpus, gpus_per_node, network):
+    """Every candidate's `Projection`."""
     from tf_resnet import engines
 
-    rows = [
-        project(model_step, nbytes, gpus, gpus_per_node, network,
+    return [
+        project(model_step, gradients, gpus, gpus_per_node, network,
                 engines.ENGINES[name], knobs)
         for name, knobs in candidates()
     ]  # fmt: skip
-    overlap = traffic.Knobs(compression=0.5, overlap=1.0)
-    rows.append(
-        project(model_step, nbytes, gpus, gpus_per_node, network,
-                engines.ENGINES["horovod"], overlap)
-    )  # fmt: skip
-    return rows
 
 
 def pick(rows, target=0.9, accumulate=False):
     """The engine and knobs to use.
 
     The first synchronous row, in the order of `candidates` (fewer knobs
-    first), that reaches `target`; else the most efficient one. Rows that
-    exist only (no what-if), and with `accumulate` only those that
-    accumulate (a larger batch: the model's recipe must allow it),
-    without it only those that do not.
+    first), that reaches `target`; else the most efficient one. With
+    `accumulate` only the rows that accumulate (a larger batch: the
+    model's recipe must allow it), without it only those that do not.
     """
     synchronous = [
         r
         for r in rows
-        if not r.knobs.overlap
-        and r.engine.traffic.synchronous
+        if r.engine.traffic.synchronous
         and (r.knobs.accumulate_steps > 1) == accumulate
     ]
     for row in synchronous:
         if row.efficiency >= target:
             return row
     return max(synchronous, key=lambda r: r.efficiency)
+
+
+# Published figures of other people's clusters, each beside the model's
+# projection of that same setting (`--anchors`).
+PCIE3 = Network(
+    "pcie3", "PCIe 3.0 x16 inside a node", 126, 5, "PCIe 3.0 x16 line rate"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Anchor:
+    """A published scaling efficiency and the setting it was measured in.
+
+    Attributes:
+      label: what was measured, and where it is published.
+      model: the model (`GPU_STEPS`' names: its gradients).
+      step: one GPU's step there (`GpuStep`).
+      gpus: GPUs in all.
+      gpus_per_node: GPUs of a node.
+      network: its node links.
+      node: the links inside its nodes.
+      published: the published efficiency.
+    """
+
+    label: str
+    model: str
+    step: GpuStep
+    gpus: int
+    gpus_per_node: int
+    network: Network
+    node: Network
+    published: float
+
+
+ANCHORS = (
+    Anchor(
+        "Horovod's benchmark (docs/benchmarks.rst): ResNet-101, 128 servers "
+        "of 4 Pascal GPUs, 25 Gbit/s RoCE",
+        "resnet101",
+        GpuStep(
+            1e3 * 64 / (1656.82 / 16), 64, 7.83,
+            "batch 64 at the 103.6 images/s per GPU of the page's own "
+            "16-GPU output (1656.82 images/s): an upper bound of the "
+            "computation",
+        ),
+        512, 4, NETWORKS["25gbe"], PCIE3, 0.90,
+    ),
+    Anchor(
+        "a user's ResNet-50 on AWS p3.16xlarge (horovod issue 779): 8 V100s "
+        "with NVLink a node, 25 Gbit/s TCP",
+        "resnet50",
+        GpuStep(
+            1e3 * 256 / 872, 256, 4.11,
+            "872 images/s on one V100 (the issue's table); batch 256 "
+            "assumed (the issue does not give it; that rate is mixed "
+            "precision's, whose usual batch is 256)",
+        ),
+        64, 8,
+        Network(
+            "25gbe-tcp", "25 Gb Ethernet, TCP", 25, 25,
+            "line rate; a kernel TCP round's latency, as 10gbe's",
+        ),
+        NVLINK, 0.845,
+    ),
+)  # fmt: skip
+
+
+def project_anchor(anchor, gradients):
+    """Horovod's `Projection` in `anchor`'s setting (overlapped, as it is)."""
+    from tf_resnet import engines
+
+    return project(
+        anchor.step, gradients, anchor.gpus, anchor.gpus_per_node,
+        anchor.network, engines.ENGINES["horovod"], node=anchor.node,
+    )  # fmt: skip
+
+
+def format_anchors():
+    """Each published figure beside the model's projection of its setting."""
+    lines = [
+        "| measured | GPUs | published | projected, horovod overlapped | "
+        "one all-reduce after the backward pass |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for anchor in ANCHORS:
+        gradients = gradients_of(anchor.model)
+        overlapped = project_anchor(anchor, gradients)
+        after = project(
+            anchor.step, gradients, anchor.gpus, anchor.gpus_per_node,
+            anchor.network, overlapped.engine, traffic.Knobs(overlap=False),
+            anchor.node,
+        )  # fmt: skip
+        lines.append(
+            f"| {anchor.label} (step {anchor.step.ms:.0f} ms: "
+            f"{anchor.step.source}) | {anchor.gpus} | "
+            f"{100 * anchor.published:.1f}% | "
+            f"{100 * overlapped.efficiency:.0f}% | "
+            f"{100 * after.efficiency:.0f}% |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -403,48 +566,60 @@ def main(argv=None):
         action="store_true",
         help="every network at 8, 64 and 512 GPUs, one line each (Markdown)",
     )
+    parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="published efficiencies beside the projection of their own "
+        "settings (Markdown)",
+    )
     args = parser.parse_args(argv)
     if args.gpus < 1 or args.gpus_per_node < 1:
         parser.error("--gpus and --gpus_per_node must be at least 1")
     network = NETWORKS[args.network]
     step = GPU_STEPS[args.model]
     native_log.filter_stderr()  # TensorFlow's import notices (absl's).
-    nbytes = gradient_bytes(args.model)
-    if args.table:
-        print(format_table(args.model, step, nbytes, args.gpus_per_node))
+    if args.anchors:
+        print(format_anchors())
         return
-    rows = projections(step, nbytes, args.gpus, args.gpus_per_node, network)
-    print(format_projection(args, network, step, nbytes, rows))
+    gradients = gradients_of(args.model)
+    if args.table:
+        print(format_table(step, gradients, args.gpus_per_node))
+        return
+    rows = projections(step, gradients, args.gpus, args.gpus_per_node, network)
+    print(format_projection(args, network, step, gradients, rows))
 
 
-def format_table(model, step, nbytes, gpus_per_node, sizes=(8, 64, 512)):
-    """Markdown: per network and size, plain Horovod and what to use."""
+def format_table(step, gradients, gpus_per_node, sizes=(8, 64, 512)):
+    """Markdown: per network and size, Horovod either way and what to use."""
     lines = [
-        "| network | GPUs | horovod, plain | use (same batch) | with "
-        "accumulation (global batch) | fp16 + overlap (not built) |",
+        "| network | GPUs | horovod, one all-reduce after the backward pass "
+        "| horovod (overlapped) | use (same batch) | with accumulation "
+        "(global batch) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for network in NETWORKS.values():
         for gpus in sizes:
-            rows = projections(step, nbytes, gpus, gpus_per_node, network)
+            rows = projections(step, gradients, gpus, gpus_per_node, network)
             best = pick(rows)
             larger = pick(rows, accumulate=True)
             batch = gpus * step.batch * larger.knobs.accumulate_steps
             lines.append(
-                f"| {network.name} | {gpus} | {100 * rows[0].efficiency:.0f}% "
+                f"| {network.name} | {gpus} | {100 * rows[1].efficiency:.0f}% "
+                f"| {100 * rows[0].efficiency:.0f}% "
                 f"| {best.describe()}: {100 * best.efficiency:.0f}% | "
                 f"{larger.describe()}: {100 * larger.efficiency:.0f}% "
-                f"({batch:,}) | {100 * rows[-1].efficiency:.0f}% |"
+                f"({batch:,}) |"
             )
     return "\n".join(lines)
 
 
-def format_projection(args, network, step, nbytes, rows):
+def format_projection(args, network, step, gradients, rows):
     """The command's report: the cluster, every row, what to use, why."""
     nodes = max(1, -(-args.gpus // args.gpus_per_node))
     lines = [
-        f"{args.model}: {nbytes / 1e6:.1f} MB of float32 gradients; one GPU "
-        f"step {step.ms:.1f} ms at batch {step.batch} ({step.source})",
+        f"{args.model}: {gradients.nbytes / 1e6:.1f} MB of float32 "
+        f"gradients; one GPU step {step.ms:.1f} ms at batch {step.batch} "
+        f"({step.source})",
         f"{args.gpus} GPUs in {nodes} node(s) of {args.gpus_per_node}, one "
         f"{network.label} link each ({network.gbit:g} Gbit/s, "
         f"{network.latency_us:g} us: {network.source})",
@@ -468,12 +643,14 @@ def format_projection(args, network, step, nbytes, rows):
         "linear learning-rate scaling and warm-up, Goyal et al. 2017)",
         "",
         "efficiency: one update's computation over it plus the communication "
-        "nothing hides (synchronous rows: all-reduce after the backward pass, "
-        "as both engines do here); transports at the bandwidth efficiency "
-        "measured on emulated links (bench/results/network_scaling.md); fp16 "
-        "halves the bytes; accumulate k computes k micro-batches per "
-        "all-reduce (a k times larger batch); averaging and parameter_server "
-        "are not synchronous SGD (their accuracy per step differs).",
+        "nothing hides (synchronous rows: buckets all-reduced one at a time "
+        "as the backward pass produces them, the last two thirds of the "
+        "step, unless one all-reduce after the backward pass); transports "
+        "at the bandwidth efficiency measured on emulated links "
+        "(bench/results/network_scaling.md); fp16 halves the bytes; "
+        "accumulate k computes k micro-batches per all-reduce (a k times "
+        "larger batch); averaging and parameter_server are not synchronous "
+        "SGD (their accuracy per step differs).",
     ]
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import os
 
-from tf_resnet import dataset_facts, detect, engines, recipes
+from tf_resnet import dataset_facts, detect, engines, recipes, traffic
 from tf_resnet.input_options import InputKnobs
 from tf_resnet.model_families import IMAGENET_LABEL, ModelOptions
 from tf_resnet.schema import (
@@ -365,7 +365,8 @@ class DistributionConfig:
     all_reduce_pack_bytes: int = setting(
         0,
         "Bytes per bucket (pack, fused buffer) of the gradient all-reduce "
-        "(0: the engine's default; buckets of 4 MiB). horovod and "
+        "(0: the engine's default; buckets of "
+        f"{traffic.DEFAULT_BUCKET_BYTES / 2**20:g} MiB). horovod and "
         "multi_worker: the buckets of the overlapped all-reduce; "
         "multi_worker: also CommunicationOptions' bytes_per_pack; horovod: "
         "also HOROVOD_FUSION_THRESHOLD, unless that is set in the "

@@ -9,10 +9,87 @@ A cluster is `Cluster`: nodes of `gpus_per_node` GPUs, each node with one
 link to the network. A synchronous all-reduce across nodes is
 hierarchical, as NCCL's and Horovod's are: inside a node over its own
 interconnect, between nodes a ring over the node links, so a node link
-carries `2(N-1)/N` times the bytes for N nodes.
+carries `2(N-1)/N` times the bytes for N nodes. (A flat ring over all
+`p` GPUs, ordered by node, crosses each node link once in and once out
+and so carries about `2(p-1)/p` times the bytes: nearly the same; what
+the hierarchy saves is latency, `2(N-1)` rounds between nodes against
+`2(p-1)`.)
+
+The synchronous engines all-reduce the gradients in buckets, each as the
+backward pass produces it (`distribute.buckets`): `Gradients` says when
+each gradient of a model appears, and `AllReduceEveryStep` schedules the
+buckets on the link one at a time, each starting once its gradients exist
+and the bucket before it is through.
 """
 
 import dataclasses
+
+# The bucket size of the overlapped gradient all-reduce when
+# `--all_reduce_pack_bytes` is 0: TensorFlow's and DDP's order of size
+# (bench/results/network_scaling.md measures it against one all-reduce).
+DEFAULT_BUCKET_BYTES = 4 * 2**20
+
+
+def bucket_bytes(pack_bytes):
+    """The bucket size `--all_reduce_pack_bytes` asks for (0: the default)."""
+    return pack_bytes or DEFAULT_BUCKET_BYTES
+
+
+def bucket_plan(sizes, max_bytes):
+    """Buckets of tensors of `sizes` bytes: lists of indices, last first.
+
+    Each bucket takes tensors from the end of the list until it holds more
+    than `max_bytes`: the packs TensorFlow's collectives make of a reversed
+    list (`cross_device_utils.group_by_size`), so the Horovod engine's
+    buckets are multi_worker's packs. `None` sizes (variables without a
+    gradient) are in none.
+    """
+    buckets, current, size = [], [], 0
+    for index in reversed(range(len(sizes))):
+        if sizes[index] is None:
+            continue
+        current.append(index)
+        size += sizes[index]
+        if size > max_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclasses.dataclass(frozen=True)
+class Gradients:
+    """A model's gradients, as its backward pass produces them.
+
+    Attributes:
+      sizes: float32 bytes of each trainable variable, in the model's order.
+      ready: for each, the share of the backward pass done when its
+        gradient exists: the backward work of its layer and of every layer
+        after it, over all (`scaling.gradients_of` counts it per model).
+    """
+
+    sizes: tuple
+    ready: tuple
+
+    @classmethod
+    def at_end(cls, nbytes):
+        """One tensor of `nbytes`, ready when the backward pass ends."""
+        return cls((nbytes,), (1.0,))
+
+    @property
+    def nbytes(self):
+        return sum(self.sizes)
+
+    def buckets(self, max_bytes):
+        """`(bytes, ready)` of each bucket, in the order they are sent."""
+        return [
+            (
+                sum(self.sizes[i] for i in bucket),
+                max(self.ready[i] for i in bucket),
+            )
+            for bucket in bucket_plan(self.sizes, max_bytes)
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +157,16 @@ class Knobs:
       pack_bytes: `--all_reduce_pack_bytes` (0: one message).
       accumulate_steps: micro-batches per update (`--accumulate_steps`).
       average_every: k of `--distribution=averaging`.
-      overlap: the fraction of the backward pass the communication can
-        hide behind (0: it starts after the backward pass, as here).
+      overlap: the all-reduce in buckets of `pack_bytes` (or the default),
+        each as the backward pass produces it (`--overlap_all_reduce`,
+        the default); else one all-reduce in `pack_bytes` packs after it.
     """
 
     compression: float = 1.0
     pack_bytes: int = 0
     accumulate_steps: int = 1
     average_every: int = 1
-    overlap: float = 0.0
+    overlap: bool = True
 
 
 # The backward pass is about two thirds of a step (twice the forward).
@@ -101,20 +179,33 @@ class AllReduceEveryStep:
     summary = "the gradients, all-reduced once per update"
     synchronous = True
 
-    def exposed_seconds(self, gradient_bytes, compute, cluster, knobs):
+    def exposed_seconds(self, gradients, compute, cluster, knobs):
         """Communication per update that the computation does not hide.
 
+        Overlapped, the buckets go one at a time, each once its gradients
+        exist (`Gradients.ready` of the backward pass, which is the last
+        `BACKWARD_SHARE` of the step; with accumulation, of its last
+        micro-batch) and the bucket before it is through; what is left
+        when the backward pass ends is exposed.
+
         Args:
-          gradient_bytes: float32 bytes of the trainable variables.
+          gradients: the model's `Gradients`.
           compute: one micro-batch's step without communication, seconds.
           cluster: a `Cluster`.
           knobs: `Knobs`.
         """
-        nbytes = gradient_bytes * knobs.compression
-        packs = -(-nbytes // knobs.pack_bytes) if knobs.pack_bytes else 1
-        comm = all_reduce_seconds(nbytes, cluster, packs)
-        hidden = knobs.overlap * BACKWARD_SHARE * compute
-        return max(0.0, comm - hidden)
+        if not knobs.overlap:
+            nbytes = gradients.nbytes * knobs.compression
+            packs = -(-nbytes // knobs.pack_bytes) if knobs.pack_bytes else 1
+            return all_reduce_seconds(nbytes, cluster, packs)
+        backward = BACKWARD_SHARE * compute
+        done = 0.0
+        for nbytes, ready in gradients.buckets(bucket_bytes(knobs.pack_bytes)):
+            start = max(done, ready * backward)
+            done = start + all_reduce_seconds(
+                nbytes * knobs.compression, cluster
+            )
+        return max(0.0, done - backward)
 
 
 class AllReduceEvery:
@@ -123,9 +214,9 @@ class AllReduceEvery:
     summary = "weights and momentum, all-reduced every k updates"
     synchronous = False
 
-    def exposed_seconds(self, gradient_bytes, compute, cluster, knobs):
+    def exposed_seconds(self, gradients, compute, cluster, knobs):
         del compute
-        state_bytes = 2 * gradient_bytes  # Weights and momentum slots.
+        state_bytes = 2 * gradients.nbytes  # Weights and momentum slots.
         return all_reduce_seconds(state_bytes, cluster) / knobs.average_every
 
 
@@ -142,11 +233,11 @@ class PushPull:
     summary = "the weights pulled and the gradients pushed, every update"
     synchronous = False
 
-    def exposed_seconds(self, gradient_bytes, compute, cluster, knobs):
+    def exposed_seconds(self, gradients, compute, cluster, knobs):
         del compute, knobs
         ps_tasks = cluster.ps_tasks or cluster.nodes
         sharing = max(cluster.per_node, cluster.gpus / ps_tasks)
-        return 2 * sharing * gradient_bytes / cluster.network.bandwidth
+        return 2 * sharing * gradients.nbytes / cluster.network.bandwidth
 
 
 ALL_REDUCE_EVERY_STEP = AllReduceEveryStep()

@@ -24,6 +24,8 @@ import math
 
 import tensorflow as tf
 
+from tf_resnet import traffic
+
 
 def _nbytes(tensor):
     """Bytes of a tensor or variable (Keras' or TensorFlow's)."""
@@ -31,27 +33,12 @@ def _nbytes(tensor):
 
 
 def plan(tensors, max_bytes):
-    """The buckets of `tensors`: lists of their indices, in reverse order.
+    """The buckets of `tensors` (`traffic.bucket_plan`): lists of indices.
 
-    Each bucket takes tensors from the end of the list until it holds more
-    than `max_bytes`: the packs TensorFlow's collectives make of a reversed
-    list (`cross_device_utils.group_by_size`), so the Horovod engine's
-    buckets are multi_worker's packs. `None` entries (variables without a
-    gradient) are in none.
+    `None` entries (variables without a gradient) are in none.
     """
-    buckets, current, size = [], [], 0
-    for index in reversed(range(len(tensors))):
-        tensor = tensors[index]
-        if tensor is None:
-            continue
-        current.append(index)
-        size += _nbytes(tensor)
-        if size > max_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+    sizes = [None if t is None else _nbytes(t) for t in tensors]
+    return traffic.bucket_plan(sizes, max_bytes)
 
 
 def all_reduce(tensors, max_bytes, reduce_bucket):

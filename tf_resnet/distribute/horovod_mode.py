@@ -26,7 +26,7 @@ import os
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from tf_resnet import engines
+from tf_resnet import traffic
 from tf_resnet.distribute import averaging, base, buckets
 from tf_resnet.distribute.averaging import float_variables
 
@@ -97,7 +97,7 @@ class HorovodMode(base.DistributionMode):
         set_cycle_time()
         set_fusion_threshold(pack_bytes)
         hvd.init()  # Its GPU is the local rank's: `devices.plan`.
-        self.bucket_bytes = engines.bucket_bytes(pack_bytes) if overlap else 0
+        self.bucket_bytes = traffic.bucket_bytes(pack_bytes) if overlap else 0
         self.compression = getattr(hvd.Compression, compression)
         self.num_replicas = hvd.size()
         self.replicas_per_update = hvd.size()

@@ -47,7 +47,7 @@ import tempfile
 
 import tensorflow as tf
 
-from tf_resnet import detect, engines
+from tf_resnet import detect, traffic
 from tf_resnet.distribute import averaging, base, buckets, tf_strategy
 from tf_resnet.errors import UserInputError
 
@@ -411,7 +411,7 @@ def make_mode(global_batch, config, devices):
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     packs = (
-        engines.bucket_bytes(config.all_reduce_pack_bytes)
+        traffic.bucket_bytes(config.all_reduce_pack_bytes)
         if config.overlap_all_reduce
         else 0
     )
