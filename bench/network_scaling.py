@@ -117,7 +117,7 @@ def run_worker(spec):
         model=spec["model"],
         batch_size=spec["global_batch"],
         intra_op_threads=1,
-        inter_op_threads=2 if ps else 1,
+        inter_op_threads=2 if ps else spec.get("inter_op_threads", 1),
         dtype="float32",
         **spec["flags"],
     )
@@ -246,7 +246,9 @@ def run_tape_script(spec):
 
     size, classes = model_shape(spec["model"])
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(
+        spec.get("inter_op_threads", 1)
+    )
     set_cycle_time()
     hvd.init()
     keras.utils.set_random_seed(0)
@@ -709,6 +711,7 @@ def measure_model(cluster, model, args, network, log):
     batch = args.batch.get(model, 32)
     base = {
         "model": model,
+        "inter_op_threads": args.inter_op_threads,
         "warmup_steps": args.warmup_steps,
         "steps": args.steps,
         "blocks": args.blocks,
@@ -778,6 +781,7 @@ def measure_model(cluster, model, args, network, log):
     result = {
         "model": model,
         "batch_per_process": batch,
+        "inter_op_threads": args.inter_op_threads,
         "network": UNSHAPED if network is None else network.name,
         "cpu_step_s": cpu_step,
         "slowdown": slowdown,
@@ -910,10 +914,13 @@ def knobs_of(flags, script=""):
 
     Float16's halved bytes are in its own fitted transport, not here. The
     `DistributedGradientTape` script all-reduces each tensor as it
-    appears: a bucket per tensor.
+    appears, and Horovod fuses the tensors ready in one cycle into one
+    message: modelled as the engine's buckets (a bucket per tensor would
+    pay each one's latency, which fusion does not).
     """
+    del script
     return traffic.Knobs(
-        pack_bytes=1 if script else flags.get("all_reduce_pack_bytes", 0),
+        pack_bytes=flags.get("all_reduce_pack_bytes", 0),
         accumulate_steps=flags.get("accumulate_steps", 1),
         average_every=flags.get("average_every", 1),
         overlap=flags.get("overlap_all_reduce", True),
@@ -1274,6 +1281,10 @@ def main():
         "--bucket_sizes", default="",
         help="MiB, e.g. 1,16: the overlapping engines with these bucket "
         "sizes beside their default (instead of the other rows)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--inter_op_threads", type=int, default=1,
+        help="of each synchronous job's process (its node has one core)",
     )  # fmt: skip
     parser.add_argument("--only", help="engines of the rows, e.g. horovod")
     parser.add_argument("--out", default="network_scaling.json")

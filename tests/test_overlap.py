@@ -103,7 +103,7 @@ def test_dry_run_names_the_all_reduce():
         return dry_run._all_reduce_knobs(horovod, dist, xla)
 
     assert line() == [
-        "  gradient all-reduce: buckets of about 4 MiB in reverse layer "
+        "  gradient all-reduce: buckets of about 1 MiB in reverse layer "
         "order, each issued as the backward pass produces it"
     ]
     assert "issued together (--xla" in line(xla=True)[0]

@@ -495,14 +495,14 @@ ANCHORS = (
         512, 4, NETWORKS["25gbe"], PCIE3, 0.90,
     ),
     Anchor(
-        "a user's ResNet-50 on AWS p3.16xlarge (horovod issue 779): 8 V100s "
+        "a user's ResNet-50 on AWS p3.16xlarge (horovod#779): 8 V100s "
         "with NVLink a node, 25 Gbit/s TCP",
         "resnet50",
         GpuStep(
             1e3 * 256 / 872, 256, 4.11,
-            "872 images/s on one V100 (the issue's table); batch 256 "
-            "assumed (the issue does not give it; that rate is mixed "
-            "precision's, whose usual batch is 256)",
+            "872 images/s on one V100 (horovod#779's table); batch 256 "
+            "assumed (not given there; that rate is mixed precision's, "
+            "whose usual batch is 256)",
         ),
         64, 8,
         Network(
