@@ -105,7 +105,7 @@ class GpuStep:
 _RESNET50 = GpuStep(
     108.0, 256, 4.11,
     "NVIDIA's TensorFlow ResNet-50 v1.5 benchmark, A100, mixed precision, "
-    "batch 256 (about 2,370 images/s), as issue #35 quotes it",
+    "batch 256 (about 2,370 images/s)",
 )  # fmt: skip
 
 
