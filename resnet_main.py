@@ -1,4 +1,4 @@
-"""Trains or evaluates a ResNet: the command line of tf-resnet.
+r"""Trains or evaluates a ResNet: the command line of tf-resnet.
 
   python resnet_main.py --dataset=cifar10 \
       --train_data_path='cifar-10-batches-bin/data_batch*' \
@@ -11,6 +11,10 @@
   python resnet_main.py --mode=export ... --litert=int8   # + model.tflite
 
 TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
+
+Exit codes: 0 done; 2 bad input or flags (one `error:` line); 3 the loss
+diverged; 4 a task of a training cluster was lost; 128+N stopped by
+signal N after a final checkpoint.
 """
 
 import numbers
@@ -126,7 +130,10 @@ def main():
     native_log.filter_stderr()  # Once: run as a module's main, not before.
     tf.get_logger().setLevel("WARNING")  # TF's per-step INFO chatter.
     resnet_flags.define_all()
-    app.run(lambda argv: sys.exit(run(argv)))
+    app.run(
+        lambda argv: sys.exit(run(argv)),
+        flags_parser=lambda argv: resnet_flags.parse(argv, __doc__),
+    )
 
 
 if __name__ == "__main__":
