@@ -48,6 +48,7 @@ def run(argv):
     del argv
     try:
         config = resnet_flags.config_from_flags()
+        _say_what_the_saved_config_decided(config)
         started = runtime.start(config)
         if config.run.dry_run:
             # One write: the lines of processes sharing a terminal or pipe
@@ -114,6 +115,28 @@ def run(argv):
         print(f"resnet_main: stopped: {error}", file=sys.stderr)
         return 128 + error.signum
     return 0
+
+
+def _say_what_the_saved_config_decided(config):
+    """Names each setting `config.json` in `--log_root` gave, not a flag.
+
+    A resumed run, the eval job and export take the run's settings from
+    there; a setting the user did not ask for is then one line they see.
+    """
+    taken = resnet_flags.taken_from_saved()
+    if taken:
+        logging.info(
+            "settings from %s, not from flags (a flag given wins): %s",
+            os.path.join(config.run.log_root, "config.json"),
+            ", ".join(f"--{k}={_flag_value(v)}" for k, v in taken.items()),
+        )
+
+
+def _flag_value(value):
+    """A setting's value as its flag is typed (`a,b` for a list)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return value
 
 
 def _number(value):

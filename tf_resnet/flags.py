@@ -164,7 +164,17 @@ def config_from_flags(flag_values=FLAGS):
     Flags given on the command line win over `--preset` and over the saved
     configuration of the run in `--log_root` (`config.resolve`).
     """
+    return config.resolve(*_given(flag_values))
+
+
+def taken_from_saved(flag_values=FLAGS):
+    """The settings `--log_root`'s `config.json` gave, not the flags."""
+    return config.taken_from_saved(*_given(flag_values))
+
+
+def _given(flag_values):
+    """`(every setting's flag value, the names given on the command line)`."""
     names = settings.FIELD_NAMES
     values = {name: flag_values[name].value for name in names}
     explicit = {name for name in names if flag_values[name].present}
-    return config.resolve(values, explicit)
+    return values, explicit

@@ -383,10 +383,13 @@ def train(config, mode):
     # made at the first step).
     schedules.micro_batch(mode.replica_batch, config.optim.accumulate_steps)
     split = data.split_of(config, training=True)
+    # Both splits are read before anything is written in log_root: a run
+    # that fails on its data leaves no config.json for the next to take.
+    eval_split = data.split_of(config, training=False)
     plan = plan_run(config, split)
     with contextlib.ExitStack() as held:
         _start_together(config.run.log_root, mode, held)
-        result, interrupted = _train(config, mode, plan, split)
+        result, interrupted = _train(config, mode, plan, split, eval_split)
     # Only now that the run's input iterator is released (deleting one of
     # MultiWorkerMirroredStrategy needs every worker still there); after an
     # agreed stop too, so no process leaves while the chief still saves.
@@ -429,7 +432,7 @@ def _start_together(log_root, mode, held):
         )
 
 
-def _train(config, mode, plan, split):
+def _train(config, mode, plan, split, eval_split):
     run = config.run
     keras.utils.set_random_seed(run.seed)
     model = build_model(config, mode, split)
@@ -468,7 +471,7 @@ def _train(config, mode, plan, split):
         functools.partial(_training_dataset, split, config, step)
     )
     train_step = _TrainSteps(config, mode, state, plan)
-    evaluator = evaluation.Evaluator(config, mode, state)
+    evaluator = evaluation.Evaluator(config, mode, state, eval_split)
     writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
     progress = _Progress(
         mode,
