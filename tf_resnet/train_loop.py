@@ -246,9 +246,37 @@ class _Progress:
         self.every_secs = every_secs
         self.pending = []
         self.interval_start = (start_step, time.time())
+        self.interval = dict.fromkeys(_METRICS, 0.0)
+        self.since_eval = dict.fromkeys(_METRICS, 0.0)
 
     def add(self, step_metrics):
         self.pending.append(step_metrics)
+
+    def _fetch(self):
+        """Adds the pending steps' metrics to the line's and the curve's."""
+        for metrics in self.pending:
+            for key, value in self.mode.fetch(metrics).items():
+                self.interval[key] += float(value)
+                self.since_eval[key] += float(value)
+        self.pending = []
+
+    def training_since_eval(self):
+        """`{"accuracy", "loss"}` of the batches since the last call.
+
+        Over the batches as Keras' `History` reports an epoch (the mean
+        over its examples; the data loss, without the weight decay); this
+        process's batches, so the chief's for the learning curve. None when
+        no batch ran since (a resumed run's first evaluation at its step).
+        """
+        self._fetch()
+        totals = self.since_eval
+        self.since_eval = dict.fromkeys(_METRICS, 0.0)
+        if not totals["examples"]:
+            return None
+        return {
+            "accuracy": totals["correct"] / totals["examples"],
+            "loss": totals["loss_sum"] / totals["examples"],
+        }
 
     @contextlib.contextmanager
     def paused(self):
@@ -278,13 +306,11 @@ class _Progress:
         The rate is read after the fetch, which waits for pending
         (asynchronous) steps, so it belongs to the step it is logged at.
         """
-        if not self.pending:
+        self._fetch()
+        totals = self.interval
+        if not totals["examples"]:
             return
-        totals = dict.fromkeys(_METRICS, 0.0)
-        for metrics in self.pending:
-            for key, value in self.mode.fetch(metrics).items():
-                totals[key] += float(value)
-        self.pending = []
+        self.interval = dict.fromkeys(_METRICS, 0.0)
         first_step, first_time = self.interval_start
         now = time.time()
         self.interval_start = (step, now)
@@ -508,7 +534,11 @@ def _train(config, mode, plan, split, eval_split):
             # pieces has the same eval history as an uninterrupted one.
             if step % plan.eval_every_steps == 0 or step == plan.total_steps:
                 with progress.paused():
-                    last_eval = evaluator(step, step / plan.steps_per_epoch)
+                    last_eval = evaluator(
+                        step,
+                        step / plan.steps_per_epoch,
+                        train=progress.training_since_eval(),
+                    )
             # At steps every process knows: all ask, all stop at one step.
             if (
                 step % mode.stop_check_every_steps == 0 or pause
