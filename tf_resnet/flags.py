@@ -35,11 +35,15 @@ _TOP_SECTION = (
 # Flags users of timm, Keras or PyTorch scripts type, and what to type here.
 # Hints, not aliases: one name per setting keeps `config.json`, the presets
 # and "a flag given wins" (`config.resolve`) keyed by one name, and some
-# differ in meaning (`--resume` takes no path: a run resumes by itself).
+# differ in meaning (`--learning_rate` is scaled with the batch, `--resume`
+# takes no path: a run resumes by itself).
 OTHER_NAMES = {
     "epochs": "--train_epochs (or --train_steps)",
     "num_epochs": "--train_epochs (or --train_steps)",
-    "lr": "--learning_rate (for the global --batch_size)",
+    "lr": (
+        "--learning_rate (quoted at batch 128, scaled linearly with the "
+        "global --batch_size)"
+    ),
     "wd": "--weight_decay",
     "resume": (
         "no flag: a run resumes by itself from the newest checkpoint in "
