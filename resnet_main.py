@@ -1,4 +1,4 @@
-"""Trains or evaluates a ResNet: the command line of tf-resnet.
+r"""Trains or evaluates a ResNet: the command line of tf-resnet.
 
   python resnet_main.py --dataset=cifar10 \
       --train_data_path='cifar-10-batches-bin/data_batch*' \
@@ -11,6 +11,10 @@
   python resnet_main.py --mode=export ... --litert=int8   # + model.tflite
 
 TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
+
+Exit codes: 0 done; 2 bad input or flags (one `error:` line); 3 the loss
+diverged; 4 a task of a training cluster was lost; 128+N stopped by
+signal N after a final checkpoint.
 """
 
 import numbers
@@ -44,6 +48,7 @@ def run(argv):
     del argv
     try:
         config = resnet_flags.config_from_flags()
+        _say_what_the_saved_config_decided(config)
         started = runtime.start(config)
         if config.run.dry_run:
             # One write: the lines of processes sharing a terminal or pipe
@@ -112,6 +117,28 @@ def run(argv):
     return 0
 
 
+def _say_what_the_saved_config_decided(config):
+    """Names each setting `config.json` in `--log_root` gave, not a flag.
+
+    A resumed run, the eval job and export take the run's settings from
+    there; a setting the user did not ask for is then one line they see.
+    """
+    taken = resnet_flags.taken_from_saved()
+    if taken:
+        logging.info(
+            "settings from %s, not from flags (a flag given wins): %s",
+            os.path.join(config.run.log_root, "config.json"),
+            ", ".join(f"--{k}={_flag_value(v)}" for k, v in taken.items()),
+        )
+
+
+def _flag_value(value):
+    """A setting's value as its flag is typed (`a,b` for a list)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    return value
+
+
 def _number(value):
     """`0.9930`, `390`: a result as a person reads it (not numpy's repr)."""
     if isinstance(value, numbers.Integral):
@@ -126,7 +153,10 @@ def main():
     native_log.filter_stderr()  # Once: run as a module's main, not before.
     tf.get_logger().setLevel("WARNING")  # TF's per-step INFO chatter.
     resnet_flags.define_all()
-    app.run(lambda argv: sys.exit(run(argv)))
+    app.run(
+        lambda argv: sys.exit(run(argv)),
+        flags_parser=lambda argv: resnet_flags.parse(argv, __doc__),
+    )
 
 
 if __name__ == "__main__":

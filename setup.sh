@@ -331,13 +331,23 @@ run_tests() {
   .venv/bin/python -m pytest -q -n "$workers" --dist=worksteal "$@"
 }
 
+usage() {  # The header's commands, as the usage line.
+  echo "usage: $0 [env|demo|test] [flags for the demo's resnet_main.py or pytest]"
+  sed -n '/^#   \.\/setup.sh/s/^# //p' "$0"
+}
+
 command=${1:-env}
 shift || true
+# Checked before anything is set up: --help and a typo do nothing else.
+case "$command" in
+  env | demo | test) ;;
+  -h | --help | help) usage; exit 0 ;;
+  *) usage >&2; exit 2 ;;
+esac
 if [ "$command" = test ]; then install_cluster_packages; fi
 setup_env
 case "$command" in
   env) log "environment ready at .venv -> $VENV" ;;
   demo) run_demo "$@" ;;
   test) run_tests "$@" ;;
-  *) echo "usage: $0 [env|demo|test]" >&2; exit 2 ;;
 esac

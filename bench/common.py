@@ -28,11 +28,9 @@ if ROOT not in sys.path:
 
 import tf_resnet  # noqa: E402,F401  # Before TensorFlow: sets its environment.
 
-# `../shared/data` next to the checkout, or $BENCH_DATA_DIR (a checkout
-# elsewhere, e.g. a git worktree).
-SAMPLES_DIR = os.environ.get(
-    "BENCH_DATA_DIR", os.path.join(os.path.dirname(ROOT), "shared", "data")
-)
+# $BENCH_DATA_DIR, else `datasets/` of the checkout: where data/download.py
+# writes, so a benchmark reads what a user downloaded.
+SAMPLES_DIR = os.environ.get("BENCH_DATA_DIR", os.path.join(ROOT, "datasets"))
 CIFAR_DIR = os.path.join(SAMPLES_DIR, "cifar-10-batches-bin")
 # $BENCH_TINYIMAGENET_DIR: another folder of that layout, e.g. the 200-class
 # one that data/make_synthetic_tinyimagenet.py writes.

@@ -2,8 +2,8 @@
 
   .venv/bin/python bench/distribution_modes.py [--epochs=3] [--model=resnet20]
 
-Trains `--model` on the real CIFAR-10 sample in ../shared/data (or
-$BENCH_DATA_DIR, as the other benchmarks, or `--data_dir`) once per mode
+Trains `--model` on the real CIFAR-10 sample in $BENCH_DATA_DIR (as the
+other benchmarks: bench/common.py; or `--data_dir`) once per mode
 through the real entry points (resnet_main.py, horovodrun, the
 multi_worker and parameter-server launchers), with the same global batch,
 epochs, schedule and seed, and prints images/sec (median of the progress

@@ -4,9 +4,10 @@
       [--contenders=ours:paper,ours:fast,torch:fast] [--suite=cifar10]
 
 Each contender trains a network from scratch on a real data sample (the
-CIFAR-10 binaries or the 10-class TinyImageNet in ../shared/data) and is
-evaluated on its test split after every epoch. Contenders run one at a time
-on the same machine in one invocation, alternating seed by seed with the
+CIFAR-10 binaries or the 10-class TinyImageNet in $BENCH_DATA_DIR, as
+bench/common.py reads it) and is evaluated on its test split after every
+epoch. Contenders run one at a time on the same machine in one invocation,
+alternating seed by seed with the
 order rotated every seed, so drifting load from elsewhere hits all alike.
 
 Contenders are `framework:recipe[:key=value]...`:

@@ -1,8 +1,8 @@
 """Downloads CIFAR-10, CIFAR-100, TinyImageNet or ImageNet weights safely.
 
-  python data/download.py --dataset=cifar10 --output_dir=datasets
+  python data/download.py --dataset=cifar10        # -> datasets/
   python data/download.py --dataset=cifar100 --format=python --output_dir=d
-  python data/download.py --dataset=tinyimagenet --output_dir=datasets \
+  python data/download.py --dataset=tinyimagenet \
       --url=http://my-mirror/tiny-imagenet-200.zip
   python data/download.py --weights=resnet18         # -> weights/
   python data/download.py --weights=keras_resnet50   # -> $KERAS_HOME/models/
@@ -51,6 +51,10 @@ if _REPO_ROOT not in sys.path:  # Run as a script: make tf_resnet importable.
     sys.path.insert(0, _REPO_ROOT)
 
 from tf_resnet.errors import DataError  # noqa: E402
+
+# The data root: `datasets/` of the checkout, wherever this is run from.
+# The batch jobs (scripts/course_job.sh's DATA_ROOT) and the docs read it.
+DATASETS_DIR = os.path.join(_REPO_ROOT, "datasets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +146,13 @@ def default_weights_dir(name):
 
     Keras' file goes to `$KERAS_HOME/models/` (default `~/.keras/models/`),
     where `--pretrained=imagenet` looks for it, as Keras itself would put
-    it; torchvision's goes to `weights/`, for `--pretrained=PATH`.
+    it; torchvision's goes to the checkout's `weights/`, for
+    `--pretrained=PATH` (where the resnet18_cifar100 batch job looks).
     """
     if name == "keras_resnet50":
         home = os.environ.get("KERAS_HOME") or os.path.join("~", ".keras")
         return os.path.join(os.path.expanduser(home), "models")
-    return "weights"
+    return os.path.join(_REPO_ROOT, "weights")
 
 
 STAMP = ".download_complete"
@@ -496,8 +501,8 @@ def main(argv=None):
     what.add_argument("--weights", choices=sorted(WEIGHTS))
     parser.add_argument(
         "--output_dir",
-        help="default: datasets (--dataset), see default_weights_dir "
-        "(--weights)",
+        help="default: the checkout's datasets/ (--dataset), where the "
+        "batch jobs read; weights/ or Keras' folder (--weights)",
     )
     parser.add_argument(
         "--format", help="binary (default) or python for CIFAR; jpeg"
@@ -514,7 +519,7 @@ def main(argv=None):
         else:
             target = prepare(
                 args.dataset,
-                args.output_dir or "datasets",
+                args.output_dir or DATASETS_DIR,
                 fmt=args.format,
                 url=args.url,
                 keep_archive=args.keep_archive,

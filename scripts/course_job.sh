@@ -8,8 +8,9 @@
 # the repository root, which holds .venv/):
 #   REPO         the repository (default: the submit directory)
 #   PYTHON       its interpreter (default: $REPO/.venv/bin/python)
-#   DATA_ROOT    where the datasets are (default: $HOME/data):
-#                cifar-100-binary/{train,test}.bin, tiny-imagenet-200/
+#   DATA_ROOT    where the datasets are (default: $REPO/datasets, where
+#                data/download.py puts them): cifar-100-binary/{train,test}.bin,
+#                tiny-imagenet-200/; the job's first line says what it reads
 #   TRAIN_DATA, EVAL_DATA  the files of this task (default: under DATA_ROOT)
 #   PRETRAINED   resnet18_cifar100's ImageNet weights
 #                (default: $REPO/weights/resnet18-f37072fd.pth)
@@ -63,7 +64,7 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 # imports TensorFlow, whose start-up INFO lines would open every Horovod
 # job's output.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
-DATA_ROOT=${DATA_ROOT:-$HOME/data}
+DATA_ROOT=${DATA_ROOT:-$REPO/datasets}
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 # ${a[@]+"${a[@]}"}: an empty array, which bash before 4.4 calls unbound
 # under set -u.
@@ -355,24 +356,59 @@ slot_addresses() {
   for i in "${!slots[@]}"; do echo "${slots[i]}:$((port + i))"; done
 }
 
-# The flags of a task: its data, run directory and weights.
-task_flags() {
-  local train eval
+# A task's training path, evaluation path and download.py's flag for them,
+# one a line (a path may hold spaces).
+task_data() {
   case $1 in
     course_tinyimagenet)
-      train=$DATA_ROOT/tiny-imagenet-200
-      eval=$DATA_ROOT/tiny-imagenet-200
+      printf '%s\n' "${TRAIN_DATA:-$DATA_ROOT/tiny-imagenet-200}" \
+        "${EVAL_DATA:-$DATA_ROOT/tiny-imagenet-200}" --dataset=tinyimagenet
       ;;
     *)
-      train=$DATA_ROOT/cifar-100-binary/train.bin
-      eval=$DATA_ROOT/cifar-100-binary/test.bin
+      printf '%s\n' "${TRAIN_DATA:-$DATA_ROOT/cifar-100-binary/train.bin}" \
+        "${EVAL_DATA:-$DATA_ROOT/cifar-100-binary/test.bin}" --dataset=cifar100
       ;;
   esac
-  echo "--train_data_path=${TRAIN_DATA:-$train}"
-  echo "--eval_data_path=${EVAL_DATA:-$eval}"
+}
+
+# The weights resnet18_cifar100 starts from.
+task_weights() {
+  echo "${PRETRAINED:-$REPO/weights/resnet18-f37072fd.pth}"
+}
+
+# need_data PATH DOWNLOAD_FLAGS VARIABLES: one error line and exit 2 (bad
+# input, as resnet_main's) when PATH, a file, folder or glob, matches
+# nothing; it names PATH, the download that fetches it and the variables
+# that point elsewhere.
+need_data() {
+  compgen -G "$1" >/dev/null && return 0
+  log "error: $1: no such file or folder; download it first:" \
+    "$PYTHON $REPO/data/download.py $2 (or set $3)"
+  exit 2
+}
+
+# The job's first line: what it reads; then the check that it is there.
+check_task_data() {
+  local preset=$1 data
+  mapfile -t data < <(task_data "$preset")
+  log "$preset reads: train ${data[0]}, eval ${data[1]} (DATA_ROOT=$DATA_ROOT)"
+  local variables="DATA_ROOT, or TRAIN_DATA and EVAL_DATA"
+  need_data "${data[0]}" "${data[2]} --output_dir=$DATA_ROOT" "$variables"
+  need_data "${data[1]}" "${data[2]} --output_dir=$DATA_ROOT" "$variables"
+  if [[ $preset == resnet18_cifar100 ]]; then
+    need_data "$(task_weights)" --weights=resnet18 PRETRAINED
+  fi
+}
+
+# The flags of a task: its data, run directory and weights.
+task_flags() {
+  local data
+  mapfile -t data < <(task_data "$1")
+  echo "--train_data_path=${data[0]}"
+  echo "--eval_data_path=${data[1]}"
   echo "--log_root=${LOG_ROOT:-$HOME/runs/$1-$(job_id)}"
   if [[ $1 == resnet18_cifar100 ]]; then
-    echo "--pretrained=${PRETRAINED:-$REPO/weights/resnet18-f37072fd.pth}"
+    echo "--pretrained=$(task_weights)"
   fi
 }
 
@@ -397,6 +433,7 @@ gpus_on_node() {
 # (--num_gpus: one process uses only the GPUs it is asked to).
 train_single() {
   local preset=$1 flags
+  check_task_data "$preset"
   mapfile -t flags < <(task_flags "$preset")
   cd "$REPO"
   log "$preset on $(hostname)"
@@ -407,6 +444,7 @@ train_single() {
 # Synchronous all-reduce: one process per task slot, on every node, with
 # the engine ENGINE names.
 train_sync() {
+  check_task_data "$1"
   case ${ENGINE:-horovod} in
     horovod) train_sync_horovod "$@" ;;
     multi_worker) train_sync_multi_worker "$@" ;;
@@ -523,6 +561,7 @@ train_async() {
   local preset=$1 flags num_ps=${NUM_PS:-1} addresses ps_hosts worker_hosts
   local i code=0
   SERVERS=()  # The srun or pbsdsh processes that started the servers.
+  check_task_data "$preset"
   mapfile -t flags < <(task_flags "$preset")
   mapfile -t addresses < <(slot_addresses "${PS_PORT:-$(job_port)}")
   if ((${#addresses[@]} <= num_ps)); then

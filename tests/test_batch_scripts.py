@@ -281,6 +281,8 @@ def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
     assert code == 0, text[-4000:]
     assert_trained(log_root, text)
     assert "on tinyimagenet" in text
+    root = tiny_imagenet["DATA_ROOT"]
+    assert f"reads: train {root}/tiny-imagenet-200, eval" in text
 
 
 @pytest.mark.slow
@@ -359,6 +361,59 @@ def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
     assert "horovodrun" not in text, text[-4000:]
     assert_trained(log_root, text)
     assert "processes left after the job" not in text
+
+
+@pytest.mark.parametrize(
+    "task, fetch",
+    [
+        ("course_cifar100", "--dataset=cifar100"),
+        ("course_tinyimagenet", "--dataset=tinyimagenet"),
+        ("course_async_cifar100", "--dataset=cifar100"),
+    ],
+)
+def test_a_job_says_where_it_reads_and_missing_data_is_one_line(
+    tmp_path, task, fetch
+):
+    """By default the data root is the checkout's datasets/, where
+    data/download.py puts it; the job names the command that fills it."""
+    repo = tmp_path / "checkout"  # A checkout without datasets/.
+    repo.mkdir()
+    (repo / "scripts").symlink_to(os.path.join(ROOT, "scripts"))
+    code, text = run_job(
+        f"{task}.sbatch", "slurm", tmp_path,
+        {"REPO": str(repo), "PYTHON": sys.executable}, timeout=30,
+    )  # fmt: skip
+    assert code == 2, text
+    lines = [x for x in text.splitlines() if "course_job: " in x]
+    root = f"{repo}/datasets"
+    folder = (
+        "tiny-imagenet-200" if "tiny" in task else "cifar-100-binary/train.bin"
+    )
+    assert lines[0].endswith(
+        f"course_job: {task} reads: train {root}/{folder}, eval "
+        f"{root}/{folder.replace('train.bin', 'test.bin')} (DATA_ROOT={root})"
+    ), lines
+    assert len(lines) == 2, lines
+    assert lines[1].endswith(
+        f"course_job: error: {root}/{folder}: no such file or folder; download "
+        f"it first: {sys.executable} {repo}/data/download.py {fetch} "
+        f"--output_dir={root} (or set DATA_ROOT, or TRAIN_DATA and EVAL_DATA)"
+    ), lines
+    assert "resnet_main" not in text
+
+
+def test_resnet18_job_names_the_missing_weights(tmp_path, cifar100):
+    code, text = run_job(
+        "resnet18_cifar100.pbs", "pbs", tmp_path,
+        {**cifar100, "PRETRAINED": str(tmp_path / "none.pth")}, timeout=30,
+    )  # fmt: skip
+    assert code == 2, text
+    (error,) = [x for x in text.splitlines() if "error:" in x]
+    assert error.endswith(
+        f"error: {tmp_path}/none.pth: no such file or folder; download it "
+        f"first: {ROOT}/.venv/bin/python {ROOT}/data/download.py "
+        "--weights=resnet18 (or set PRETRAINED)"
+    ), error
 
 
 def test_sync_job_rejects_an_unknown_engine(tmp_path, cifar100):

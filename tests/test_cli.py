@@ -2,10 +2,11 @@
 
 import os
 import re
+import subprocess
 
 import pytest
 
-from tests.helpers import on_newest_set, run_main
+from tests.helpers import ROOT, on_newest_set, run_main
 
 
 def base_args(synthetic, log_root):
@@ -121,3 +122,59 @@ def test_progress_comes_by_the_clock_as_well_as_by_steps(
     )
     assert clock.returncode == 0, clock.stderr[-2000:]
     assert steps.findall(clock.stderr) == ["1", "2", "3", "4", "5"]
+
+
+def test_help_lists_the_settings_by_group_and_exits_0():
+    proc = run_main(["--help"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    sections = re.findall(r"^(\w+) settings - .*:$", out, re.M)
+    assert sections == [
+        "data", "model", "optim", "run", "distribution", "runtime"
+    ], out  # fmt: skip
+    for flag in ("--dataset", "--train_epochs", "--learning_rate", "--preset"):
+        assert f"\n  {flag}: " in out, flag
+    assert out.index("--dataset:") < out.index("model settings")
+    assert out.index("model settings") < out.index("--model:")
+    assert "--tpu" not in out and "--test_srcdir" not in out
+    assert "Exit codes: 0 done; 2 bad input or flags" in out
+    assert "--helpfull" in out
+    full = run_main(["--helpfull"])
+    assert full.returncode == 0, full.stderr[-2000:]
+    assert "--dataset:" in full.stdout and "absl.flags:" in full.stdout
+
+
+@pytest.mark.parametrize(
+    "arg, message",
+    [
+        ("--epochs=3", "unknown flag --epochs; here: --train_epochs"),
+        ("--lr=0.1", "unknown flag --lr; here: --learning_rate"),
+        ("--resume", "unknown flag --resume; here: no flag: a run resumes"),
+        ("--data_dir=x", "unknown flag --data_dir; here: --train_data_path"),
+        ("--bogus_flag=1", "Unknown command line flag 'bogus_flag'"),
+        ("--dataset=cifar1000", "flag --dataset=cifar1000: value should be"),
+        ("--train_steps=ten", "flag --train_steps=ten: invalid literal"),
+        ("positional", "unexpected argument 'positional'"),
+    ],
+)
+def test_a_usage_error_is_one_line_and_exit_2(tmp_path, arg, message):
+    proc = run_main([f"--log_root={tmp_path / 'run'}", arg])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("resnet_main: error: ")
+    assert message in lines[0], lines[0]
+    assert "Did you mean: data_source" not in lines[0]  # Nearest spelling.
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_setup_help_prints_its_usage_and_sets_nothing_up(tmp_path):
+    env = {**os.environ, "TF_RESNET_CACHE": str(tmp_path / "cache")}
+    for arg, code, stream in (("--help", 0, "stdout"), ("bogus", 2, "stderr")):
+        proc = subprocess.run(
+            [os.path.join(ROOT, "setup.sh"), arg],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == code, proc.stderr
+        assert "usage: " in getattr(proc, stream)
+        assert "./setup.sh demo" in getattr(proc, stream)
+        assert not os.path.exists(tmp_path / "cache")

@@ -15,7 +15,7 @@ import zipfile
 
 import pytest
 
-from tests.helpers import load_data_script
+from tests.helpers import ROOT, load_data_script
 from tf_resnet.errors import DataError
 
 download = load_data_script("download")
@@ -485,3 +485,19 @@ def test_foreign_file_under_the_weights_name_is_left_alone(tmp_path):
     with pytest.raises(DataError, match="move it away"):
         download.prepare_weights("resnet18", str(tmp_path))
     assert (tmp_path / name).read_bytes() == b"my own fine-tuned weights"
+
+
+def test_the_default_data_root_is_the_checkouts_datasets(monkeypatch, tmp_path):
+    """Wherever it runs from: the batch jobs' DATA_ROOT reads it there."""
+    asked = {}
+    monkeypatch.setattr(
+        download, "prepare", lambda name, out, **_: asked.setdefault(name, out)
+    )
+    monkeypatch.chdir(tmp_path)
+    download.main(["--dataset=cifar100"])
+    assert asked == {"cifar100": os.path.join(ROOT, "datasets")}
+    assert download.default_weights_dir("resnet18") == os.path.join(
+        ROOT, "weights"
+    )
+    with open(os.path.join(ROOT, "scripts", "course_job.sh")) as stream:
+        assert "DATA_ROOT=${DATA_ROOT:-$REPO/datasets}" in stream.read()

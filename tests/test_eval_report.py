@@ -277,6 +277,28 @@ def test_training_and_the_eval_job_keep_their_own_history(side_by_side):
     for folder in (log_root, eval_dir):
         with open(folder / "learning_curve.png", "rb") as stream:
             assert stream.read(8) == b"\x89PNG\r\n\x1a\n"
+    # Training's curve continues over its resume at step 10, training
+    # columns and all; the job's rows take training's of the same step.
+    assert all(training[s]["train_accuracy"] for s in (10, 20)), training
+    assert all(training[s]["train_loss"] for s in (10, 20)), training
+    assert job[10]["train_accuracy"] == training[10]["train_accuracy"]
+    for step in set(job) - set(training):
+        assert not job[step]["train_accuracy"], job[step]
+    # The job's own points are drawn over training's, with their own mark.
+    figure = summaries.EvalHistory(
+        str(eval_dir), label="eval job",
+        compare={"training": str(log_root / "eval.csv")},
+    ).figure()  # fmt: skip
+    accuracy, loss = figure.axes
+    for axes in (accuracy, loss):
+        lines = {x.get_label(): x for x in axes.lines}
+        assert set(lines) == {
+            "training test", "training train", "eval job test"
+        }, set(lines)  # fmt: skip
+        own = lines["eval job test"]
+        assert own.get_marker() == "D"
+        assert own.get_zorder() > lines["training test"].get_zorder()
+        assert len(own.get_xdata()) == len(job)
     # The training run's report is in its eval dir, the job's in its own.
     assert (log_root / "eval" / "confusion_matrix.csv").exists()
     assert (eval_dir / "confusion_matrix.csv").exists()

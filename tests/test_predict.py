@@ -6,6 +6,9 @@ synthetic data, with flip TTA and dataset normalisation, exported.
 
 import csv
 import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -172,6 +175,34 @@ def test_a_folder_that_is_no_export_is_refused(tmp_path):
     errors = [x for x in proc.stderr.splitlines() if "error:" in x]
     assert len(errors) == 1 and "not a readable export" in errors[0]
     assert str(tmp_path) in errors[0]
+
+
+def test_a_training_folder_gets_the_command_that_exports_it(
+    exported_run, tmp_path
+):
+    """The error names the export command; run as given, predict then works."""
+    log_root = str(tmp_path / "my run")  # A space: the command quotes it.
+    shutil.copytree(exported_run[0], log_root)
+    image = write_generated_images(str(tmp_path))[0]
+    proc = predict(f"--model_dir={log_root}", image)
+    assert proc.returncode == 2
+    (error,) = proc.stderr.strip().splitlines()
+    assert error.startswith(f"predict: error: --model_dir={log_root} is a "
+                            "training run's --log_root"), error  # fmt: skip
+    command = re.search(r"export it first: (python .*), then give", error)
+    assert command, error
+    argv = shlex.split(command.group(1))
+    assert argv[:2] == ["python", "resnet_main.py"], argv
+    export = subprocess.run(
+        [sys.executable, *argv[1:]], capture_output=True, text=True,
+        timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr[-2000:]
+    export_dir = f"{log_root}_export"
+    assert error.endswith(f"then give --model_dir={shlex.quote(export_dir)}")
+    proc = predict(f"--model_dir={export_dir}", image)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(proc.stdout.splitlines()) == 1
 
 
 def test_predict_imports_nothing_else_of_tf_resnet():

@@ -7,6 +7,7 @@ import socket
 
 import pytest
 
+from tests.data_files import write_tiny_imagenet
 from tests.helpers import (
     lock_holder,
     on_one_set,
@@ -163,3 +164,67 @@ def test_a_mode_that_contradicts_the_launcher_is_refused(
     assert len(errors) == 1, proc.stderr[-2000:]
     assert "--distribution=default in one of 2 processes" in errors[0]
     assert not os.listdir(tmp_path)
+
+
+def _tiny_imagenet_without_val_annotations(folder):
+    root = str(folder / "tiny-imagenet-200")
+    write_tiny_imagenet(root)
+    os.remove(os.path.join(root, "val", "val_annotations.txt"))
+    return root
+
+
+@on_one_set  # The run directory's config.json (tests/helpers.py).
+@pytest.mark.parametrize("failure", ["tinyimagenet_without_val", "no_eval"])
+def test_a_failed_start_leaves_nothing_the_next_run_reads(
+    synthetic_cifar, tmp_path, failure
+):
+    log_root = tmp_path / "run"
+    if failure == "tinyimagenet_without_val":
+        root = _tiny_imagenet_without_val_annotations(tmp_path)
+        args = ["--dataset=tinyimagenet", f"--train_data_path={root}",
+                f"--eval_data_path={root}"]  # fmt: skip
+        missing = "val_annotations.txt"
+    else:
+        args = [f"--train_data_path={synthetic_cifar['train']}",
+                f"--eval_data_path={tmp_path}/nothing*.bin"]  # fmt: skip
+        missing = "nothing*.bin: no file matches"
+    failed = run_main(
+        [*args, f"--log_root={log_root}", "--batch_size=16", "--train_steps=2"]
+    )
+    assert failed.returncode == 2, failed.stderr[-2000:]
+    errors = [x for x in failed.stderr.splitlines() if "error:" in x]
+    assert len(errors) == 1 and missing in errors[0], failed.stderr[-2000:]
+    assert not log_root.exists() or not list(log_root.rglob("*")), list(
+        log_root.rglob("*")
+    )
+    # Another run there, CIFAR without --dataset: the defaults, not the
+    # failed run's settings.
+    second = run_main(train_args(synthetic_cifar, log_root, "--train_steps=2"))
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "training resnet20 on cifar10" in second.stderr, second.stderr
+    assert "settings from" not in second.stderr
+    saved = json.loads((log_root / "config.json").read_text())
+    assert saved["config"]["data"]["dataset"] == "cifar10"
+
+
+@on_one_set  # The run directory's config.json (tests/helpers.py).
+def test_settings_taken_from_config_json_are_named_at_the_start(
+    synthetic_cifar, tmp_path
+):
+    first = run_main(
+        train_args(synthetic_cifar, tmp_path, "--train_steps=2",
+                   "--model=resnet32", "--label_smoothing=0.1")
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "settings from" not in first.stderr
+    again = run_main(
+        [f"--log_root={tmp_path}", "--train_steps=2", "--label_smoothing=0.2",
+         "--dry_run"]
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    (line,) = [x for x in again.stderr.splitlines() if "settings from" in x]
+    assert f"settings from {tmp_path}/config.json, not from flags" in line
+    assert "--model=resnet32" in line and "--batch_size=16" in line, line
+    assert f"--train_data_path={synthetic_cifar['train']}" in line, line
+    assert "label_smoothing" not in line and "train_steps" not in line, line
+    assert "--dataset=" not in line, line  # The default: no news.

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tests.data_files import WNIDS, write_jpeg, write_tiny_imagenet
 from tests.helpers import all_batches, run_main
-from tf_resnet import data, train_loop
+from tf_resnet import data, summaries, train_loop
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError, UserInputError
@@ -217,6 +217,12 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path, monkeypatch):
         shape for _, shape in tf.train.list_variables(config.run.log_root)
     ]
     assert [64, 3] in shapes  # Classifier sized from the 3 class folders.
+    # The learning curve names the split as TinyImageNet does: val.
+    history = summaries.EvalHistory(config.run.log_root)
+    (row,) = history.rows.values()
+    assert row["split"] == "val" and row["train_loss"], row
+    (axes, _) = history.figure().axes
+    assert [x.get_label() for x in axes.lines] == ["val", "train"]
     # Each image of both splits was checked exactly once in this process.
     all_paths = [path for items in written.values() for path, _, _ in items]
     assert sorted(checked) == sorted(all_paths)

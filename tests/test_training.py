@@ -19,7 +19,7 @@ from tests.helpers import (
     run_main,
     scalars,
 )
-from tf_resnet import builders, train_loop
+from tf_resnet import builders, summaries, train_loop
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.settings import make_config
 
@@ -85,6 +85,40 @@ def test_eval_csv_and_learning_curve(trained):
     assert float(rows[0]["epoch"]) == pytest.approx(40 / 31, abs=1e-3)
     with open(os.path.join(cfg.run.log_root, "learning_curve.png"), "rb") as s:
         assert s.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_curve_has_training_beside_test_as_keras_history_has(trained):
+    """Each row's training loss and accuracy are the means over the batches
+    since the evaluation before: the mean of the progress lines' (each over
+    10 equal batches) between the two evaluations."""
+    cfg, _ = trained
+    with open(os.path.join(cfg.run.log_root, "eval.csv"), newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert list(rows[0])[-3:] == ["train_accuracy", "train_loss", "split"]
+    assert {r["split"] for r in rows} == {"test"}
+    for tag, column in (("loss", "train_loss"), ("accuracy", "train_accuracy")):
+        lines = dict(scalars(cfg.run.train_dir, tag))
+        for row, steps in zip(
+            rows, ([10, 20, 30, 40], [50, 60, 70, 80]), strict=True
+        ):
+            expected = np.mean([lines[s] for s in steps])
+            assert float(row[column]) == pytest.approx(expected, rel=1e-4)
+    # The plot: an accuracy and a loss panel, each with both splits.
+    figure = summaries.EvalHistory(cfg.run.log_root, split="test").figure()
+    accuracy, loss = figure.axes
+    assert [x.get_label() for x in loss.lines] == ["test", "train"]
+    assert [x.get_label() for x in accuracy.lines] == ["test", "train"]
+    test_line, train_line = loss.lines
+    assert list(train_line.get_ydata()) == pytest.approx(
+        [float(r["train_loss"]) for r in rows]
+    )
+    assert list(test_line.get_ydata()) == pytest.approx(
+        [float(r["loss"]) for r in rows]
+    )
+    assert list(accuracy.lines[1].get_ydata()) == pytest.approx(
+        [100 * float(r["train_accuracy"]) for r in rows]
+    )
+    assert loss.get_ylabel().startswith("loss")
 
 
 def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):

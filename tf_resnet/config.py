@@ -48,6 +48,29 @@ def resolve(values, explicit):
       UserInputError: an unknown preset, an unreadable saved config, or
         contradictory or out-of-range values, as one message.
     """
+    config = make_config(**_layered(values, explicit, with_saved=True))
+    validate(config)
+    return config
+
+
+def taken_from_saved(values, explicit):
+    """`{name: value}` of the settings the run's `config.json` decided.
+
+    Those whose value differs from what the flags, presets and recipes
+    alone give: a run that reads them says so at its start, so a setting
+    it did not ask for (another run's `--dataset`) cannot pass unseen.
+    """
+    own = _layered(values, explicit, with_saved=False)
+    layered = _layered(values, explicit, with_saved=True)
+    return {
+        name: value
+        for name, value in layered.items()
+        if name not in explicit and value != own[name]
+    }
+
+
+def _layered(values, explicit, with_saved):
+    """`values` with each layer applied, the saved config's if `with_saved`."""
     values = dict(values)
     layers = []
     preset = values.get("preset")
@@ -58,7 +81,9 @@ def resolve(values, explicit):
                 f"{', '.join(recipes.PRESETS)}"
             )
         layers.append(recipes.PRESETS[preset])
-    saved = load_saved(values.get("log_root") or RunConfig.log_root)
+    saved = None
+    if with_saved:
+        saved = load_saved(values.get("log_root") or RunConfig.log_root)
     if saved is not None:
         layers.append({k: v for k, v in saved.items() if k in CARRIED})
     # The recipe is a layer under all others; which one is itself layered.
@@ -75,9 +100,7 @@ def resolve(values, explicit):
         for name, value in layer.items():
             if name not in explicit:
                 values[name] = value
-    config = make_config(**values)
-    validate(config)
-    return config
+    return values
 
 
 def _unreadable(path, why):

@@ -24,6 +24,8 @@ class DatasetFacts:
         scale, as published; `normalization="dataset"` scales it to the
         0-255 pixel values.
       std: per-channel standard deviation, same scale as `mean`.
+      eval_split: what the dataset calls the split a run evaluates on, as
+        the learning curve names it (TinyImageNet's labelled one is `val`).
     """
 
     num_classes: int
@@ -32,6 +34,7 @@ class DatasetFacts:
     sources: tuple[str, ...]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    eval_split: str = "test"
 
 
 def _cifar(num_classes, mean, std):
@@ -59,5 +62,6 @@ DATASETS = {
         sources=("folder",),
         mean=(0.4802, 0.4481, 0.3975),
         std=(0.2302, 0.2265, 0.2262),
+        eval_split="val",
     ),
 }

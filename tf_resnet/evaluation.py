@@ -25,7 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import config as config_lib
-from tf_resnet import data, eval_report, summaries
+from tf_resnet import data, dataset_facts, eval_report, summaries
 from tf_resnet.builders import build_model, make_ema, plan_run
 from tf_resnet.checkpointing import first_line, unreadable
 from tf_resnet.distribute.base import TrainState
@@ -163,6 +163,8 @@ class Evaluator:
         self.dataset = build_eval_dataset(config, mode, split)
         self.report_dir = run.eval_dir
         self.writer = summaries.EvalWriter(run.eval_dir, mode.is_chief)
+        self.job = job
+        split_name = dataset_facts.DATASETS[config.data.dataset].eval_split
         if job:
             self.history = summaries.EvalHistory(
                 run.eval_dir,
@@ -171,20 +173,26 @@ class Evaluator:
                 compare={
                     "training": os.path.join(run.log_root, summaries.EVAL_CSV)
                 },
+                split=split_name,
             )
         else:
             self.history = summaries.EvalHistory(
-                run.log_root, title=config.model.model, label="training"
+                run.log_root,
+                title=config.model.model,
+                label="training",
+                split=split_name,
             )
         self.class_names = None
         if mode.is_chief:
             self.class_names = _class_names(run.log_root, split)
 
-    def __call__(self, step, epoch, label=None):
+    def __call__(self, step, epoch, label=None, train=None):
         """Evaluates the model as it is now; returns the scalar results.
 
         `label` names what is evaluated in the log line (the eval job: the
-        checkpoint; training: the step).
+        checkpoint; training: the step). `train`: the training batches'
+        `{"accuracy", "loss"}` since the evaluation before, for the
+        learning curve; the eval job takes training's row of the step.
 
         The confusion matrix is left out of the returned dict (it goes to
         the report files), so callers can log the result.
@@ -203,12 +211,15 @@ class Evaluator:
         confusion = result.pop("confusion")
         best = result["precision"]
         if self.mode.is_chief:
+            if self.job:
+                train = self.history.training_row(step)
             best = self.history.record(
                 step,
                 epoch,
                 result["precision"],
                 result["loss"],
                 result["precision_at_5"],
+                train=train,
             )
             image = eval_report.write_report(
                 self.report_dir, step, confusion, self.class_names

@@ -18,6 +18,9 @@ classified, and the exit code is then 2.
 Only the export directory is read: the SavedModel, whose graph holds the
 preprocessing, `labels.txt` and `export.json`. Nothing of tf-resnet's
 training code is imported, so this runs wherever TensorFlow and Pillow do.
+For the same reason a training run's `--log_root` given as `--model_dir`
+is not exported here (that builds the model with the training code and
+writes a folder): the error gives the `--mode=export` command to run.
 
 `--format=litert` classifies with `model.tflite` instead (`--mode=export
 --litert=float|int8`), through the `ai-edge-litert` package's interpreter
@@ -33,6 +36,7 @@ import csv
 import dataclasses
 import json
 import os
+import shlex
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -71,6 +75,31 @@ def in_batches(classify, pixels, batch=RECORDS_PER_CALL):
             classify(pixels[start : start + batch])
             for start in range(0, len(pixels), batch)
         ]
+    )
+
+
+def training_run_advice(model_dir):
+    """What to run first when `model_dir` is a training run, not an export.
+
+    A training run's `--log_root` holds `config.json` and checkpoints but
+    no `export.json`; the user meant its model, so the answer is the
+    export command with their folder in it. None for any other folder.
+    """
+    found = [
+        name
+        for name in ("config.json", "checkpoint")
+        if os.path.isfile(os.path.join(model_dir, name))
+    ]
+    if not found or os.path.exists(os.path.join(model_dir, "export.json")):
+        return None
+    export_dir = os.path.normpath(model_dir) + "_export"
+    return (
+        f"--model_dir={model_dir} is a training run's --log_root "
+        f"({' and '.join(found)}), not an export; export it first: "
+        f"python resnet_main.py --mode=export "
+        f"--log_root={shlex.quote(model_dir)} "
+        f"--export_dir={shlex.quote(export_dir)}, then give "
+        f"--model_dir={shlex.quote(export_dir)}"
     )
 
 
@@ -319,6 +348,10 @@ def parse_args(argv):
 def main(argv=None):
     """Classifies the files; returns the exit code (2 if any was bad)."""
     args = parse_args(argv)
+    advice = training_run_advice(args.model_dir)
+    if advice:
+        print(f"predict: error: {advice}", file=sys.stderr)
+        return 2
     try:
         model = FORMATS[args.format](args.model_dir)
     except (OSError, ValueError, KeyError) as error:

@@ -6,10 +6,12 @@
   image (TensorBoard).
 * `log_root`: the run's flags for TensorBoard's HParams dashboard, so
   `tensorboard --logdir=runs/` compares runs in one table.
-* `eval.csv` and `learning_curve.png`: test accuracy vs epoch, rewritten
-  atomically after every evaluation, so a killed run never leaves a
-  half-written file; the training run's in `log_root`, the eval job's in
-  its `eval_dir`.
+* `eval.csv` and `learning_curve.png`: the learning curve as courses
+  draw it, accuracy and loss by epoch of the training batches beside the
+  evaluation split's (named as the dataset names it: `test`, `val`), one
+  row per evaluation, rewritten atomically after each, so a killed run
+  never leaves a half-written file; the training run's in `log_root`, the
+  eval job's in its `eval_dir`.
 """
 
 import csv
@@ -21,6 +23,10 @@ import tensorflow as tf
 
 EVAL_CSV = "eval.csv"
 LEARNING_CURVE_PNG = "learning_curve.png"
+# `precision` and `loss` are the evaluation split's (named in `split`);
+# `train_accuracy` and `train_loss` the mean over the training batches
+# since the evaluation before, as Keras' `History` reports an epoch's. New
+# columns go last: readers (setup.sh, earlier runs' files) go by name.
 CSV_FIELDS = (
     "step",
     "epoch",
@@ -28,6 +34,9 @@ CSV_FIELDS = (
     "best_precision",
     "loss",
     "precision_at_5",
+    "train_accuracy",
+    "train_loss",
+    "split",
 )
 
 
@@ -129,14 +138,17 @@ class EvalHistory:
     draws the curves of `compare` (read-only) as lines of their own.
     """
 
-    def __init__(self, directory, title="", label="", compare=None):
+    def __init__(
+        self, directory, title="", label="", compare=None, split="test"
+    ):
         """Loads `directory/eval.csv` if there is one.
 
         Args:
           directory: where `eval.csv` and `learning_curve.png` are written.
           title: of the plot.
-          label: this source's line in the plot's legend.
+          label: this source's lines in the plot's legend.
           compare: `{label: path of another eval.csv}` to draw as well.
+          split: the evaluation split's name (`test`, TinyImageNet's `val`).
         """
         self.directory = directory
         self.csv_path = os.path.join(directory, EVAL_CSV)
@@ -144,6 +156,7 @@ class EvalHistory:
         self.title = title
         self.label = label
         self.compare = compare or {}
+        self.split = split
         self.rows = read_eval_csv(self.csv_path)
 
     @property
@@ -152,18 +165,27 @@ class EvalHistory:
             (float(r["precision"]) for r in self.rows.values()), default=0.0
         )
 
-    def record(self, step, epoch, precision, loss, precision_at_5=None):
-        """Adds (or replaces) the result at `step`; returns the best so far."""
+    def record(
+        self, step, epoch, precision, loss, precision_at_5=None, train=None
+    ):
+        """Adds (or replaces) the result at `step`; returns the best so far.
+
+        `train`: `{"accuracy", "loss"}` over the training batches since the
+        evaluation before, if known (not to an eval job without training's
+        row of that step, nor after a resume for the batches before it).
+        """
         best = max(self.best_precision, precision)
+        train = train or {}
         self.rows[step] = {
             "step": step,
             "epoch": f"{epoch:.4f}",
             "precision": f"{precision:.6f}",
             "best_precision": f"{best:.6f}",
             "loss": f"{loss:.6f}",
-            "precision_at_5": (
-                "" if precision_at_5 is None else f"{precision_at_5:.6f}"
-            ),
+            "precision_at_5": _number(precision_at_5),
+            "train_accuracy": _number(train.get("accuracy")),
+            "train_loss": _number(train.get("loss")),
+            "split": self.split,
         }
         os.makedirs(self.directory, exist_ok=True)
         atomic_write(self.csv_path, self._write_csv)
@@ -178,37 +200,110 @@ class EvalHistory:
         for step in sorted(self.rows):
             writer.writerow(self.rows[step])
 
+    def training_row(self, step):
+        """`{"accuracy", "loss"}` of training at `step`, from `compare`.
+
+        For the eval job, whose checkpoints are training's: the training
+        run's own row of that step, if it evaluated there.
+        """
+        for path in self.compare.values():
+            try:
+                row = read_eval_csv(path).get(step)
+            except (OSError, ValueError, KeyError, csv.Error):
+                continue
+            if row and row.get("train_accuracy"):
+                return {
+                    "accuracy": float(row["train_accuracy"]),
+                    "loss": float(row["train_loss"]),
+                }
+        return None
+
     def _plot(self):
+        figure = self.figure()
+        atomic_write(
+            self.png_path, lambda s: figure.savefig(s, format="png"), mode="wb"
+        )
+
+    def figure(self):
+        """Accuracy and loss by epoch: each source's split and training.
+
+        The split's points are solid lines with dots, training's dashed;
+        this history's own points are drawn last with a marker of their
+        own, so an eval job's show on top of training's identical ones (its
+        training columns, copies of training's rows, are drawn as those).
+        """
         from matplotlib.figure import Figure
 
-        figure = Figure(figsize=(6, 4), dpi=100)
-        axes = figure.subplots()
-        sources = {self.label: self.rows}
+        figure = Figure(figsize=(10, 4), dpi=100)
+        accuracy, loss = figure.subplots(1, 2)
+        sources = {}
         for label, path in self.compare.items():
             try:
                 sources[label] = read_eval_csv(path)
             except (OSError, ValueError, KeyError, csv.Error):
                 continue  # Being replaced, or not a curve: drawn next time.
+        sources[self.label] = self.rows
+        own = self.label
         for label, rows in sources.items():
             rows = [rows[step] for step in sorted(rows)]
-            if rows:
-                axes.plot(
-                    [float(r["epoch"]) for r in rows],
-                    [100 * float(r["precision"]) for r in rows],
-                    marker="o",
-                    markersize=3,
-                    label=label or None,
+            if not rows:
+                continue
+            name = f"{label} " if len(sources) > 1 and label else ""
+            split = rows[-1].get("split") or self.split
+            mine = label == own and len(sources) > 1
+            style = {
+                "marker": "D" if mine else "o",
+                "markersize": 6 if mine else 3,
+                "zorder": 3 if mine else 2,
+            }
+            for axes, column, scale in (
+                (accuracy, "precision", 100),
+                (loss, "loss", 1),
+            ):
+                line = axes.plot(
+                    *_series(rows, column, scale),
+                    label=f"{name}{split}",
+                    **style,
+                )[0]
+                train = (
+                    "train_accuracy" if column == "precision" else "train_loss"
                 )
-        axes.set_xlabel("epoch")
-        axes.set_ylabel("test accuracy (%)")
-        axes.set_title(self.title or "learning curve")
-        axes.grid(alpha=0.3)
-        if len(sources) > 1:
-            axes.legend()
+                epochs, values = _series(rows, train, scale)
+                if values and not mine:  # Copies of training's: drawn there.
+                    axes.plot(
+                        epochs,
+                        values,
+                        linestyle="--",
+                        # A colour per source; alone, one per split.
+                        color=line.get_color() if len(sources) > 1 else None,
+                        label=f"{name}train",
+                        **style,
+                    )
+        accuracy.set_ylabel("accuracy (%)")
+        loss.set_ylabel("loss (cross-entropy)")
+        for axes in (accuracy, loss):
+            axes.set_xlabel("epoch")
+            axes.grid(alpha=0.3)
+            if axes.lines:
+                axes.legend(fontsize="small")
+        figure.suptitle(self.title or "learning curve")
         figure.tight_layout()
-        atomic_write(
-            self.png_path, lambda s: figure.savefig(s, format="png"), mode="wb"
-        )
+        return figure
+
+
+def _number(value):
+    """A CSV cell: six decimals, or empty when the value is unknown."""
+    return "" if value is None else f"{value:.6f}"
+
+
+def _series(rows, column, scale):
+    """`(epochs, values)` of the rows that have `column` (old files lack it)."""
+    points = [
+        (float(row["epoch"]), scale * float(row[column]))
+        for row in rows
+        if row.get(column)
+    ]
+    return [e for e, _ in points], [v for _, v in points]
 
 
 def read_eval_csv(path):

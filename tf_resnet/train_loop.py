@@ -253,9 +253,37 @@ class _Progress:
         self.every_secs = every_secs
         self.pending = []
         self.interval_start = (start_step, time.time())
+        self.interval = dict.fromkeys(_METRICS, 0.0)
+        self.since_eval = dict.fromkeys(_METRICS, 0.0)
 
     def add(self, step_metrics):
         self.pending.append(step_metrics)
+
+    def _fetch(self):
+        """Adds the pending steps' metrics to the line's and the curve's."""
+        for metrics in self.pending:
+            for key, value in self.mode.fetch(metrics).items():
+                self.interval[key] += float(value)
+                self.since_eval[key] += float(value)
+        self.pending = []
+
+    def training_since_eval(self):
+        """`{"accuracy", "loss"}` of the batches since the last call.
+
+        Over the batches as Keras' `History` reports an epoch (the mean
+        over its examples; the data loss, without the weight decay); this
+        process's batches, so the chief's for the learning curve. None when
+        no batch ran since (a resumed run's first evaluation at its step).
+        """
+        self._fetch()
+        totals = self.since_eval
+        self.since_eval = dict.fromkeys(_METRICS, 0.0)
+        if not totals["examples"]:
+            return None
+        return {
+            "accuracy": totals["correct"] / totals["examples"],
+            "loss": totals["loss_sum"] / totals["examples"],
+        }
 
     @contextlib.contextmanager
     def paused(self):
@@ -285,13 +313,11 @@ class _Progress:
         The rate is read after the fetch, which waits for pending
         (asynchronous) steps, so it belongs to the step it is logged at.
         """
-        if not self.pending:
+        self._fetch()
+        totals = self.interval
+        if not totals["examples"]:
             return
-        totals = dict.fromkeys(_METRICS, 0.0)
-        for metrics in self.pending:
-            for key, value in self.mode.fetch(metrics).items():
-                totals[key] += float(value)
-        self.pending = []
+        self.interval = dict.fromkeys(_METRICS, 0.0)
         first_step, first_time = self.interval_start
         now = time.time()
         self.interval_start = (step, now)
@@ -390,10 +416,13 @@ def train(config, mode):
     # made at the first step).
     schedules.micro_batch(mode.replica_batch, config.optim.accumulate_steps)
     split = data.split_of(config, training=True)
+    # Both splits are read before anything is written in log_root: a run
+    # that fails on its data leaves no config.json for the next to take.
+    eval_split = data.split_of(config, training=False)
     plan = plan_run(config, split)
     with contextlib.ExitStack() as held:
         _start_together(config.run.log_root, mode, held)
-        result, interrupted = _train(config, mode, plan, split)
+        result, interrupted = _train(config, mode, plan, split, eval_split)
     # Only now that the run's input iterator is released (deleting one of
     # MultiWorkerMirroredStrategy needs every worker still there); after an
     # agreed stop too, so no process leaves while the chief still saves.
@@ -436,7 +465,7 @@ def _start_together(log_root, mode, held):
         )
 
 
-def _train(config, mode, plan, split):
+def _train(config, mode, plan, split, eval_split):
     run = config.run
     keras.utils.set_random_seed(run.seed)
     model = build_model(config, mode, split)
@@ -480,7 +509,7 @@ def _train(config, mode, plan, split):
         functools.partial(_training_dataset, split, config, step)
     )
     train_step = _TrainSteps(config, mode, state, plan)
-    evaluator = evaluation.Evaluator(config, mode, state)
+    evaluator = evaluation.Evaluator(config, mode, state, eval_split)
     writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
     progress = _Progress(
         mode,
@@ -517,7 +546,11 @@ def _train(config, mode, plan, split):
             # pieces has the same eval history as an uninterrupted one.
             if step % plan.eval_every_steps == 0 or step == plan.total_steps:
                 with progress.paused():
-                    last_eval = evaluator(step, step / plan.steps_per_epoch)
+                    last_eval = evaluator(
+                        step,
+                        step / plan.steps_per_epoch,
+                        train=progress.training_since_eval(),
+                    )
             # At steps every process knows: all ask, all stop at one step.
             if (
                 step % mode.stop_check_every_steps == 0 or pause
