@@ -781,6 +781,7 @@ def measure_model(cluster, model, args, network, log):
     result = {
         "model": model,
         "batch_per_process": batch,
+        "bucket_bytes": traffic.DEFAULT_BUCKET_BYTES,
         "inter_op_threads": args.inter_op_threads,
         "network": UNSHAPED if network is None else network.name,
         "cpu_step_s": cpu_step,
@@ -909,7 +910,7 @@ def paired_slower(first, second, every=1):
 TRANSPORT = {"averaging": "horovod"}
 
 
-def knobs_of(flags, script=""):
+def knobs_of(flags, script="", bucket_bytes=None):
     """The `traffic.Knobs` of a row's flags (and script).
 
     Float16's halved bytes are in its own fitted transport, not here. The
@@ -919,11 +920,13 @@ def knobs_of(flags, script=""):
     pay each one's latency, which fusion does not).
     """
     del script
+    overlap = flags.get("overlap_all_reduce", True)
+    packs = flags.get("all_reduce_pack_bytes", 0)
     return traffic.Knobs(
-        pack_bytes=flags.get("all_reduce_pack_bytes", 0),
+        pack_bytes=packs or (bucket_bytes if overlap else 0) or 0,
         accumulate_steps=flags.get("accumulate_steps", 1),
         average_every=flags.get("average_every", 1),
-        overlap=flags.get("overlap_all_reduce", True),
+        overlap=overlap,
     )
 
 
@@ -1010,7 +1013,10 @@ def predict_row(result, fits, row, one, round_=None, gradients=None):
         base = 2 * step("2 unshaped")  # A worker's step: two per update.
     else:
         fit, base = fits[transport_of(flags)], one
-        knobs = knobs_of(flags, row.get("script", ""))
+        # The buckets of the run's default size (runs before it was
+        # saved: 4 MiB, the default then).
+        default = result.get("bucket_bytes", 4 * 2**20)
+        knobs = knobs_of(flags, row.get("script", ""), default)
         if engine.overlaps and knobs.overlap:
             base += communication_cpu(row, round_)
         return scaling.predict_two_nodes(engine, knobs, base, fit, gradients)

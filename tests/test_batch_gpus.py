@@ -169,9 +169,19 @@ def run_script(path, home, engine=None):
     recorder.chmod(0o755)
     records = home / "records"
     records.mkdir()
+    # The files the jobs check for before they start (the recorder reads
+    # none of them).
+    data = home / "datasets"
+    for name in ("cifar-100-binary/train.bin", "cifar-100-binary/test.bin",
+                 "cifar-10-batches-bin/test_batch.bin",
+                 "tiny-imagenet-200/train", "resnet18.pth"):  # fmt: skip
+        (data / name).parent.mkdir(parents=True, exist_ok=True)
+        (data / name).touch()
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "HOME": str(home),
+        "DATA_ROOT": str(data),
+        "PRETRAINED": str(data / "resnet18.pth"),
         "PYTHONPATH": ROOT,
         "PYTHON": str(recorder),
         "RECORDS": str(records),

@@ -326,13 +326,16 @@ def test_a_failed_horovod_job_keeps_the_rank_exit_code_and_ends_on_its_cause(
     """horovodrun exits 1 for any failed rank, with its traceback last; the
     job exits with the rank's own code (2: bad input), so the scheduler's
     state says which, and its last line is the cause."""
-    missing = tmp_path / "no" / "train.bin"
+    # A file the job finds but the ranks refuse: not whole records.
+    broken = tmp_path / "broken" / "train.bin"
+    broken.parent.mkdir()
+    broken.write_bytes(b"x" * 100)
     code, text = run_job(
         "course_sync_cifar100.sbatch", "slurm", tmp_path,
-        {**cifar100, "TRAIN_DATA": str(missing), "EXTRA_FLAGS": SMALL},
+        {**cifar100, "TRAIN_DATA": str(broken), "EXTRA_FLAGS": SMALL},
     )  # fmt: skip
     assert code == 2, text[-4000:]
-    assert str(missing) in text, text[-4000:]
+    assert str(broken) in text, text[-4000:]
     job_lines = [
         x for x in text.splitlines() if x and not x.startswith("[test]")
     ]

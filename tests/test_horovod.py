@@ -307,7 +307,10 @@ def test_eval_job_on_two_ranks_equals_one_process_and_only_rank_0_writes():
     assert per_class == (two / "per_class.csv").read_text()
     header, *rows = (one / "eval.csv").read_text().splitlines()
     header2, *rows2 = (two / "eval.csv").read_text().splitlines()
-    columns = "step,epoch,precision,best_precision,loss,precision_at_5"
+    columns = (
+        "step,epoch,precision,best_precision,loss,precision_at_5,"
+        "train_accuracy,train_loss,split"
+    )
     assert header == header2 == columns
     assert len(rows) == len(rows2) == 1 and rows[0].startswith("6,")
     np.testing.assert_allclose(
