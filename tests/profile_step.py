@@ -7,9 +7,10 @@
 
 Each process builds the model, optimizer and mode as a run does
 (`builders`, `train_loop.make_replica_fn`, `DistributionMode.make_train_step`),
-runs two steps, then one step under TensorFlow's profiler. The chief writes
-to OUT (JSON) the op events of that step, from the profile's XPlane: each
-op's name, type, start and end in microseconds from the step's first op.
+runs two steps, then `PROFILED_STEPS` steps each under TensorFlow's
+profiler. Every process writes to OUT.<pid> (JSON) the op events of those
+steps, from the profiles' XPlanes: each op's name, type, start and end in
+microseconds from its step's first op.
 The settings are `[--]name=value` words (`settings.make_config`'s names;
 the launchers may add flags of their own).
 """
@@ -33,6 +34,10 @@ from tf_resnet import builders, runtime, train_loop  # noqa: E402
 from tf_resnet.distribute.base import TrainState  # noqa: E402
 from tf_resnet.modes import make_mode  # noqa: E402
 from tf_resnet.settings import make_config  # noqa: E402
+
+# Steps profiled one by one: a step whose peer lags (a loaded machine)
+# shows this process's all-reduces waiting for it.
+PROFILED_STEPS = 5
 
 
 def parse(words):
@@ -108,21 +113,23 @@ def main(words):
     )
     for _ in range(2):
         mode.fetch(step(iterator))
-    logdir = tempfile.mkdtemp(prefix="tf_resnet_profile_")
-    tf.profiler.experimental.start(logdir)
-    mode.fetch(step(iterator))
-    tf.profiler.experimental.stop()
-    if mode.is_chief:
-        with open(out, "w") as stream:
-            json.dump(
-                {
-                    "events": op_events(logdir),
-                    "all_reduce": mode.describe_all_reduce(
-                        model.trainable_variables
-                    ),
-                },
-                stream,
-            )
+    profiles = []
+    for _ in range(PROFILED_STEPS):
+        logdir = tempfile.mkdtemp(prefix="tf_resnet_profile_")
+        tf.profiler.experimental.start(logdir)
+        mode.fetch(step(iterator))
+        tf.profiler.experimental.stop()
+        profiles.append(op_events(logdir))
+    with open(f"{out}.{os.getpid()}", "w") as stream:
+        json.dump(
+            {
+                "profiles": profiles,
+                "all_reduce": mode.describe_all_reduce(
+                    model.trainable_variables
+                ),
+            },
+            stream,
+        )
     mode.end_of_run()
     mode.shutdown()
 
