@@ -78,6 +78,24 @@ def op_events(logdir):
     return [(op, kind, s - first, e - first) for op, kind, s, e in events]
 
 
+def by_step(events):
+    """The events of each call of the step function, in order.
+
+    Each call's span is the profile's event named after the function
+    (`__inference_train_step...`); times relative to its start.
+    """
+    spans = sorted(
+        (start, end)
+        for name, kind, start, end in events
+        if "train_step" in kind or "train_step" in name
+    )
+    return [
+        [(n, k, s - start, e - start) for n, k, s, e in events
+         if start <= s and e <= end and "train_step" not in k + n]
+        for start, end in spans
+    ]  # fmt: skip
+
+
 def main(words):
     out, values = parse(words)
     config = make_config(
@@ -113,13 +131,15 @@ def main(words):
     )
     for _ in range(2):
         mode.fetch(step(iterator))
-    profiles = []
+    # One profiler session for all the steps (several sessions in a row
+    # once crashed a multi_worker process); the steps split by the spans
+    # of the step function's own events.
+    logdir = tempfile.mkdtemp(prefix="tf_resnet_profile_")
+    tf.profiler.experimental.start(logdir)
     for _ in range(PROFILED_STEPS):
-        logdir = tempfile.mkdtemp(prefix="tf_resnet_profile_")
-        tf.profiler.experimental.start(logdir)
         mode.fetch(step(iterator))
-        tf.profiler.experimental.stop()
-        profiles.append(op_events(logdir))
+    tf.profiler.experimental.stop()
+    profiles = by_step(op_events(logdir))
     with open(f"{out}.{os.getpid()}", "w") as stream:
         json.dump(
             {

