@@ -26,8 +26,13 @@
 #                needed)
 #   LAUNCHER     sync task, horovod: horovodrun (default: ranks of other
 #                nodes over ssh, Gloo), srun (Slurm: `srun --mpi=$SRUN_MPI`,
-#                Horovod on MPI, no ssh) or mpirun (the MPI's own launcher,
-#                which reads the allocation)
+#                Horovod on MPI, no ssh), mpirun (the MPI's own launcher,
+#                which reads the allocation) or aprun (Cray ALPS under PBS:
+#                `aprun -n N -N RANKS_PER_NODE`, Horovod on Cray MPICH)
+#   RANKS_PER_NODE  LAUNCHER=aprun: ranks on each node (default: the node's
+#                task slots in $PBS_NODEFILE); the course's `aprun -n 2 -N 1`
+#                on `nodes=2:ppn=16:xk` is RANKS_PER_NODE=1
+#   APRUN_FLAGS  LAUNCHER=aprun: extra aprun flags (e.g. "-d 16 -cc none")
 #   SRUN_MPI     LAUNCHER=srun: Slurm's MPI plugin (default pmix)
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
@@ -65,6 +70,9 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 # job's output.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 DATA_ROOT=${DATA_ROOT:-$REPO/datasets}
+# The run directory and the script that submits the task again, once known
+# (`set_run_dir`); the signal that stopped the job, if one did.
+RUN_DIR="" JOB_SCRIPT="" STOPPED=""
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 # ${a[@]+"${a[@]}"}: an empty array, which bash before 4.4 calls unbound
 # under set -u.
@@ -79,7 +87,8 @@ load_modules() {
   if ! type module >/dev/null 2>&1; then
     local init
     for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh \
-      /usr/share/lmod/lmod/init/bash /usr/share/modules/init/bash; do
+      /usr/share/lmod/lmod/init/bash /usr/share/modules/init/bash \
+      /opt/modules/default/init/bash; do
       if [[ -f $init ]]; then
         # shellcheck disable=SC1090
         set +u && source "$init" && set -u
@@ -119,10 +128,10 @@ load_modules
 # failed task's.
 run_job_command() {
   local code=0 failed_at=0 failed=""
-  REQUEUE=0
+  REQUEUE=0 STOPPED=""
   "$@" &
   JOB_COMMAND=$!
-  trap : TERM INT
+  record_stop_signals
   trap 'time_limit_near' USR1
   while kill -0 "$JOB_COMMAND" 2>/dev/null; do
     if [[ -n ${STEP_STATUS:-} ]] && ((!failed_at)); then
@@ -137,10 +146,10 @@ run_job_command() {
         "(a lost node?): ending it"
       kill -KILL "$JOB_COMMAND" 2>/dev/null || true
     fi
-    sleep 1
+    sleep 1 || true # The stop signal ends sleep too (and set -e the job).
   done
   wait "$JOB_COMMAND" || code=$?
-  trap - TERM INT USR1
+  record_stop_signals
   if [[ -n ${STEP_STATUS:-} ]]; then
     failed=$(failed_task) # Every task that exited has written its code.
     rm -rf "$STEP_STATUS"
@@ -151,11 +160,25 @@ run_job_command() {
     code=${failed#* }
     if ((code == 4)); then requeue_after_lost_task; fi
   fi
-  if ((REQUEUE)); then requeue_job; fi
-  if [[ -n $failed ]]; then
+  if ((REQUEUE)); then
+    requeue_job
+  elif [[ -n $STOPPED ]]; then
+    report_stop
+    # As the training processes exit, whatever a launcher made of it.
+    code=$((128 + $(kill -l "$STOPPED")))
+  elif [[ -n $failed ]]; then
     log "error: task ${failed% *} exited with code $code: $(exit_cause "$code")"
   fi
   return "$code"
+}
+
+# A stop signal only sets STOPPED, during the training and after it (Slurm
+# may send SIGTERM more than once): the shell lives to say where the run
+# stopped. Turns the time limit's warning off.
+record_stop_signals() {
+  trap 'STOPPED=TERM' TERM
+  trap 'STOPPED=INT' INT
+  trap - USR1
 }
 
 # What resnet_main's exit code $1 says went wrong.
@@ -171,12 +194,13 @@ exit_cause() {
 # The shell every task or rank runs: in $1 (REPO), the rest of its
 # arguments, with --task_index=<its rank> where $3 is set, its exit code
 # then written to $2/<its rank> (see run_job_command). The rank is the
-# launcher's: Horovod's, Open MPI's, MPICH's, PMIx's, else the Slurm task's.
+# launcher's: Horovod's, Open MPI's, MPICH's, PMIx's, Cray ALPS's, else the
+# Slurm task's.
 # It traps SIGTERM, which the scheduler sends to every process of the job,
 # so that it outlives the training process's checkpoint and records its
 # code.
 TASK_SHELL='trap : TERM; cd "$1" && status=$2 index=$3 && shift 3
-  rank=${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-${SLURM_PROCID:-0}}}}}
+  rank=${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-${ALPS_APP_PE:-${SLURM_PROCID:-0}}}}}}
   "$@" ${index:+--task_index="$rank"}; code=$?
   echo "$code" >"$status/$rank"; exit "$code"'
 
@@ -288,11 +312,53 @@ descendants() {
 
 requeue_job() {
   if [[ $SCHEDULER != slurm ]]; then
-    log "the run stopped at a checkpoint; resubmit with the same LOG_ROOT"
+    report_stop
     return
   fi
-  log "requeueing job $SLURM_JOB_ID; it resumes from the checkpoint"
+  log "requeueing job $SLURM_JOB_ID; it resumes from $(newest_checkpoint)"
   scontrol requeue "$SLURM_JOB_ID"
+}
+
+# The job's last line after a stop signal (scancel, preemption, a requeue,
+# qdel): where the run stopped and how it goes on. The training processes
+# say so too, but a launcher may drop their last lines (horovodrun ends the
+# ssh sessions of other nodes' ranks on SIGTERM), so the job says it from
+# what is on disk. RUN_DIR is the run directory (`set_run_dir`).
+report_stop() {
+  local how="LOG_ROOT=$RUN_DIR sbatch $JOB_SCRIPT"
+  if [[ $SCHEDULER == pbs ]]; then how="qsub -v LOG_ROOT=$RUN_DIR $JOB_SCRIPT"; fi
+  log "stopped${STOPPED:+ by SIG$STOPPED}; the newest checkpoint:" \
+    "$(newest_checkpoint)"
+  log "to resume there, submit it again from the repository with the same" \
+    "LOG_ROOT: $how (a job the scheduler requeues resumes by itself)"
+}
+
+# "step N (DIR/ckpt-N)" for the run's newest checkpoint, from
+# TensorFlow's `checkpoint` index in RUN_DIR; "none" before the first.
+newest_checkpoint() {
+  local index=${RUN_DIR:-}/checkpoint name
+  name=$(sed -n 's/^model_checkpoint_path: "\(.*\)"$/\1/p' "$index" \
+    2>/dev/null) || true
+  if [[ -z $name ]]; then
+    echo "none in ${RUN_DIR:-the run directory}, so it starts over"
+    return
+  fi
+  name=${name##*/}
+  echo "step ${name##*-} ($RUN_DIR/$name)"
+}
+
+# RUN_DIR, the run directory of task $1 (LOG_ROOT, else $HOME/runs/<task>-
+# <job id>, so a requeued job, whose id is kept, resumes; a --log_root in
+# EXTRA_FLAGS wins, as it does on resnet_main's command line), and
+# JOB_SCRIPT, the script that submits the task again.
+set_run_dir() {
+  local flag extension=sbatch
+  RUN_DIR=${LOG_ROOT:-$HOME/runs/$1-$(job_id)}
+  for flag in ${EXTRA[@]+"${EXTRA[@]}"}; do
+    if [[ $flag == --log_root=* ]]; then RUN_DIR=${flag#*=}; fi
+  done
+  if [[ $SCHEDULER == pbs ]]; then extension=pbs; fi
+  JOB_SCRIPT=scripts/$SCHEDULER/$1.$extension
 }
 
 job_id() {
@@ -390,6 +456,7 @@ need_data() {
 # The job's first line: what it reads; then the check that it is there.
 check_task_data() {
   local preset=$1 data
+  set_run_dir "$preset"
   mapfile -t data < <(task_data "$preset")
   log "$preset reads: train ${data[0]}, eval ${data[1]} (DATA_ROOT=$DATA_ROOT)"
   local variables="DATA_ROOT, or TRAIN_DATA and EVAL_DATA"
@@ -406,7 +473,7 @@ task_flags() {
   mapfile -t data < <(task_data "$1")
   echo "--train_data_path=${data[0]}"
   echo "--eval_data_path=${data[1]}"
-  echo "--log_root=${LOG_ROOT:-$HOME/runs/$1-$(job_id)}"
+  echo "--log_root=$RUN_DIR"
   if [[ $1 == resnet18_cifar100 ]]; then
     echo "--pretrained=$(task_weights)"
   fi
@@ -456,14 +523,21 @@ train_sync() {
 }
 
 # One Horovod rank per task slot, started by LAUNCHER: horovodrun (ssh and
-# Gloo), srun (Slurm's PMIx or PMI2 and Horovod's MPI; as the course's
-# `aprun -n N -N 1`) or mpirun (the MPI's own launcher).
+# Gloo), srun (Slurm's PMIx or PMI2 and Horovod's MPI), mpirun (the MPI's
+# own launcher) or aprun (Cray ALPS, as the course's `aprun -n N -N 1`).
 train_sync_horovod() {
-  local preset=$1 flags hosts ranks horovod_flags
+  local preset=$1 flags hosts ranks horovod_flags per_node
   mapfile -t flags < <(task_flags "$preset")
   read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
   hosts=$(horovod_hosts)
   ranks=$(job_slots | wc -l)
+  if [[ ${LAUNCHER:-} == aprun ]]; then
+    # aprun -N: ranks per node, RANKS_PER_NODE or the first node's slots.
+    per_node=${RANKS_PER_NODE:-$(job_slots | uniq -c | awk 'NR == 1 {
+      print $1 }')}
+    hosts=$(job_slots | uniq | sed "s/\$/:$per_node/" | paste -sd,)
+    ranks=$(($(job_slots | uniq | wc -l) * per_node))
+  fi
   local command=("$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}"
     ${EXTRA[@]+"${EXTRA[@]}"})
   cd "$REPO"
@@ -493,8 +567,21 @@ train_sync_horovod() {
       run_job_command ignoring_term mpirun -np "$ranks" \
         ${hostfile[@]+"${hostfile[@]}"} "${RANK[@]}"
       ;;
+    aprun)
+      # The batch shell runs on a service node; aprun places the ranks on
+      # the compute nodes, RANKS_PER_NODE on each, and passes SIGTERM on.
+      if [[ $SCHEDULER != pbs ]]; then
+        log "error: LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun"
+        return 2
+      fi
+      local aprun_flags
+      read -ra aprun_flags <<<"${APRUN_FLAGS:-}"
+      rank_command "${command[@]}"
+      run_job_command aprun -n "$ranks" -N "$per_node" \
+        ${aprun_flags[@]+"${aprun_flags[@]}"} "${RANK[@]}"
+      ;;
     *)
-      log "error: LAUNCHER=$LAUNCHER: expected horovodrun, srun or mpirun"
+      log "error: LAUNCHER=$LAUNCHER: expected horovodrun, srun, mpirun or aprun"
       return 2
       ;;
   esac
@@ -530,7 +617,9 @@ train_sync_multi_worker() {
   done
   # A stop signal goes to every worker (each checkpoints its part); a
   # failed worker stops the others, whose collectives would wait for it.
-  trap 'kill -TERM "${workers[@]}" 2>/dev/null' TERM INT
+  STOPPED=""
+  trap 'STOPPED=TERM; kill -TERM "${workers[@]}" 2>/dev/null' TERM
+  trap 'STOPPED=INT; kill -TERM "${workers[@]}" 2>/dev/null' INT
   local pid status alive
   while ((${#workers[@]})); do
     alive=()
@@ -543,15 +632,20 @@ train_sync_multi_worker() {
       status=$?
       if ((!code)); then
         code=$status
+        [[ -n $STOPPED ]] && continue
         log "error: a worker exited with code $code; stopping the others"
         kill -TERM "${workers[@]}" 2>/dev/null || true
       fi
     done
     workers=(${alive[@]+"${alive[@]}"})
-    ((${#workers[@]})) && sleep 1
+    if ((${#workers[@]})); then sleep 1 || true; fi
   done
-  trap - TERM INT
-  log "workers exited, code $code"
+  record_stop_signals
+  if [[ -n $STOPPED ]]; then
+    report_stop
+  else
+    log "workers exited, code $code"
+  fi
   return "$code"
 }
 
@@ -597,9 +691,12 @@ train_async() {
   # job that is left when this script exits.
   log "stopping the ps and worker servers; they serve until killed, so" \
     "the launcher reports them killed"
-  kill "${SERVERS[@]}" 2>/dev/null || true
-  wait "${SERVERS[@]}" 2>/dev/null || true
-  if ((code)); then
+  stop_servers
+  if ((REQUEUE)); then
+    requeue_job
+  elif [[ -n $STOPPED ]]; then
+    report_stop
+  elif ((code)); then
     log "error: the coordinator exited with code $code: $(exit_cause "$code")"
   else
     log "coordinator exited with code 0"
@@ -611,11 +708,13 @@ train_async() {
 # to the job is passed on to it (SIGTERM: it writes a checkpoint and
 # exits). A server that exits stops it too: TensorFlow's coordinator would
 # wait for a lost worker until the job's time limit. If it has not exited
-# STOP_TIMEOUT seconds (default 120) after SIGTERM, it is killed.
+# STOP_TIMEOUT seconds (default 120) after SIGTERM, it is killed. Sets
+# STOPPED (the stop signal's name) and REQUEUE (the time limit's warning).
 watch_coordinator() {
   local coordinator=$1 stop_at=0
-  REQUEUE=0
-  trap 'kill -TERM "$coordinator"; ((stop_at)) || stop_at=$SECONDS' TERM INT
+  REQUEUE=0 STOPPED=""
+  trap 'STOPPED=TERM; stop_coordinator' TERM
+  trap 'STOPPED=INT; stop_coordinator' INT
   trap 'time_limit_near; ((stop_at)) || stop_at=$SECONDS' USR1
   while kill -0 "$coordinator" 2>/dev/null; do
     if ((!stop_at)) && ! servers_alive; then
@@ -626,13 +725,38 @@ watch_coordinator() {
       log "the coordinator still runs ${STOP_TIMEOUT:-120}s later; killing it"
       kill -KILL "$coordinator" 2>/dev/null
     fi
-    sleep 2
+    sleep 2 || true # The stop signal ends sleep too (and set -e the job).
   done
-  trap - TERM INT USR1
+  record_stop_signals
   local code=0
   wait "$coordinator" || code=$?
-  if ((REQUEUE)); then requeue_job; fi
   return "$code"
+}
+
+# SIGTERM to the coordinator of watch_coordinator, whose locals it sets.
+stop_coordinator() {
+  kill -TERM "$coordinator" 2>/dev/null || true
+  ((stop_at)) || stop_at=$SECONDS
+}
+
+# Ends the launchers of the servers (srun ends its tasks), with SIGKILL 10
+# seconds later: a job being cancelled has its steps already ending, and
+# srun waits for them past the job's kill wait, which would kill this
+# shell before it says where the run stopped.
+stop_servers() {
+  local waited=0
+  kill "${SERVERS[@]}" 2>/dev/null || true
+  while servers_running && ((waited++ < 10)); do sleep 1 || true; done
+  kill -KILL "${SERVERS[@]}" 2>/dev/null || true
+  wait "${SERVERS[@]}" 2>/dev/null || true
+}
+
+servers_running() {
+  local pid
+  for pid in "${SERVERS[@]}"; do
+    kill -0 "$pid" 2>/dev/null && return 0
+  done
+  return 1
 }
 
 servers_alive() {

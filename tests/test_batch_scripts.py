@@ -35,6 +35,7 @@ which other tests hold on both sets: they run on the newest set only
 import csv
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,6 +100,38 @@ FAKES = {
         shift 2
         [[ $1 == -- ]] && shift
         exec "$@"
+    """,
+    "aprun": """
+        #!/bin/bash
+        # Stand-in for Cray ALPS's aprun -n RANKS -N PER_NODE [-d DEPTH]
+        # [-cc LIST] COMMAND on a one-node allocation: starts the ranks as
+        # the MPI launcher it is (Open MPI's mpirun here, where Cray's is
+        # MPICH), PER_NODE of them on this node. aprun passes SIGTERM on to
+        # the ranks and waits for them; here they are in the job's session,
+        # which qdel signals whole, so the stand-in's mpirun ignores it.
+        ranks="" per_node=""
+        while [[ $1 == -* ]]; do
+          case $1 in
+            -n) ranks=$2 ;;
+            -N) per_node=$2 ;;
+            -d | -cc) ;;
+            *) echo "aprun: unknown option $1" >&2 && exit 1 ;;
+          esac
+          shift 2
+        done
+        if [[ -z $ranks || -z $per_node ]]; then
+          echo "aprun: -n and -N are required" >&2 && exit 1
+        fi
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+        trap '' TERM
+        exec mpirun -np "$ranks" --host "localhost:$per_node" "$@"
+    """,
+    "module": """
+        #!/bin/bash
+        # Stand-in for environment modules' `module load NAME`: the names
+        # it loaded, a line each, in $HOME/modules-loaded.
+        [[ $1 == load && -n $2 ]] || exit 1
+        echo "$2" >>"$HOME/modules-loaded"
     """,
 }
 
@@ -346,6 +379,39 @@ def test_a_failed_horovod_job_keeps_the_rank_exit_code_and_ends_on_its_cause(
     ), text[-4000:]
 
 
+@requires_horovod
+@pytest.mark.slow
+def test_course_sync_cifar100_under_aprun(tmp_path, cifar100):
+    """LAUNCHER=aprun with MODULES: the course's `module load` then
+    `aprun -n N -N 1`, its ranks Horovod's on MPI."""
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun (the aprun stand-in starts the ranks with it)")
+    log_root = tmp_path / "sync"
+    code, text = run_job(
+        "course_sync_cifar100.pbs", "pbs", tmp_path,
+        {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL,
+         "LAUNCHER": "aprun", "MODULES": "cray-mpich",
+         "APRUN_FLAGS": "-d 1"},
+    )  # fmt: skip
+    assert code == 0, text[-4000:]
+    assert (tmp_path / "modules-loaded").read_text() == "cray-mpich\n"
+    assert "modules loaded: cray-mpich" in text
+    assert "2 ranks on localhost:2 (aprun)" in text, text[-4000:]
+    # aprun's ranks are one Horovod job of two processes.
+    assert text.count("distribution horovod") == 2, text[-4000:]
+    assert "over 2 replica(s) (horovod)" in text, text[-4000:]
+    assert_trained(log_root, text)
+
+
+def test_aprun_is_refused_under_slurm(tmp_path, cifar100):
+    code, text = run_job(
+        "course_sync_cifar100.sbatch", "slurm", tmp_path,
+        {**cifar100, "LAUNCHER": "aprun"}, timeout=30,
+    )  # fmt: skip
+    assert code == 2, text
+    assert "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun" in text
+
+
 @pytest.mark.slow
 @on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
@@ -507,5 +573,81 @@ def test_async_job_ends_when_a_worker_is_lost(tmp_path, cifar100):
     assert re.search(
         r"course_job: error: the coordinator exited with code \d+: ",
         text.strip().splitlines()[-1],
+    ), text[-4000:]
+    assert "processes left after the job" not in text
+
+
+# qdel, as PBS does it: SIGTERM to every process of the job's session.
+CANCELLED_JOBS = [
+    pytest.param("course_cifar100.pbs", {}, marks=on_newest_set, id="single"),
+    pytest.param(
+        "course_sync_cifar100.pbs",
+        {"ENGINE": "multi_worker"},
+        marks=on_newest_set,
+        id="multi_worker",
+    ),  # fmt: skip
+    pytest.param(
+        "course_sync_cifar100.pbs",
+        {"LAUNCHER": "aprun"},
+        marks=requires_horovod,
+        id="horovod_aprun",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script, env", CANCELLED_JOBS)
+def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
+    tmp_path, cifar100, script, env
+):
+    """However the training processes were started, the job's last lines
+    say where the run stopped and which command resumes it there (the
+    processes' own lines may not reach the job's output: a launcher can
+    end the ssh sessions of other nodes' ranks)."""
+    if "LAUNCHER" in env and not shutil.which("mpirun"):
+        pytest.skip("no mpirun (the aprun stand-in starts the ranks with it)")
+    log_root = tmp_path / "run"
+    output = tmp_path / "job.out"
+
+    def qdel_once_training(job_pid):
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if re.search(r"step 3/", output.read_text()):
+                os.killpg(job_pid, signal.SIGTERM)
+                return
+            time.sleep(0.5)
+        pytest.fail(f"the job did not train:\n{output.read_text()[-4000:]}")
+
+    code, text = run_job(
+        script, "pbs", tmp_path,
+        {**cifar100, **env, "LOG_ROOT": str(log_root),
+         "EXTRA_FLAGS": "--model=resnet20 --train_steps=100000 --batch_size=8 "
+                        "--log_every_steps=1"},
+        during=qdel_once_training,
+    )  # fmt: skip
+    assert code == 128 + signal.SIGTERM, text[-4000:]
+    # The training processes stopped at one step and wrote its checkpoint,
+    # the run's only one (the periodic ones are further apart).
+    (newest,) = re.findall(
+        r'model_checkpoint_path: "(.*)"', (log_root / "checkpoint").read_text()
+    )
+    step = newest.rpartition("-")[2]
+    assert os.path.exists(log_root / f"ckpt-{step}.index"), text[-4000:]
+    # Those lines may be lost on the way (the aprun stand-in's mpirun ends
+    # its output on SIGTERM); those that arrive agree.
+    stops = re.findall(r"resnet_main: stopped: SIGTERM at step (\d+)", text)
+    assert set(stops) <= {step}, text[-4000:]
+    job_lines = [
+        x for x in text.splitlines() if x and not x.startswith("[test]")
+    ]
+    stopped, resume = job_lines[-2:]
+    assert stopped.endswith(
+        f"course_job: stopped by SIGTERM; the newest checkpoint: step {step} "
+        f"({log_root}/ckpt-{step})"
+    ), text[-4000:]
+    assert resume.endswith(
+        "course_job: to resume there, submit it again from the repository "
+        f"with the same LOG_ROOT: qsub -v LOG_ROOT={log_root} scripts/pbs/"
+        f"{script} (a job the scheduler requeues resumes by itself)"
     ), text[-4000:]
     assert "processes left after the job" not in text

@@ -174,6 +174,95 @@ def check_requeued(cluster, engine, trigger, job, home):
     assert resumed == [(str(stop), str(stop))] * processes, text[-5000:]
 
 
+# Each launcher of the scripts that the requeue test above does not
+# already stop: Horovod's ranks over ssh, multi_worker's srun step, the
+# async job's coordinator in the batch shell.
+CANCELLED_JOBS = {
+    "horovod": ("slurm/course_sync_cifar100.sbatch",
+                {"HOROVOD_FLAGS": "--network-interface eth0"}),
+    "multi_worker": ("slurm/course_sync_cifar100.sbatch",
+                     {"ENGINE": "multi_worker"}),
+    "parameter_server": ("slurm/course_async_cifar100.sbatch", {}),
+}  # fmt: skip
+# Long enough that each job is still training when its turn to be
+# cancelled comes; the resubmitted job trains to the end.
+CANCELLED_FLAGS = REQUEUE_FLAGS.replace(
+    "--train_steps=60", "--train_steps=300"
+).replace("--checkpoint_every_steps=7", "--checkpoint_every_steps=100")
+
+
+def test_a_cancelled_job_ends_with_its_stop_and_the_command_that_resumes(
+    cluster, data, tmp_path
+):
+    """scancel in the middle of a job: its output ends with the step it
+    stopped at, the checkpoint written there and the command that resumes
+    it; that command, as printed, resumes there (Horovod's job)."""
+    if requires_horovod.args[0]:
+        pytest.skip("needs Horovod (the pinned requirement set)")
+    homes = {name: tmp_path / name for name in CANCELLED_JOBS}
+    jobs = {}
+    for name, (script, env) in CANCELLED_JOBS.items():
+        homes[name].mkdir()
+        env = {**env, "EXTRA_FLAGS": CANCELLED_FLAGS}
+        jobs[name] = submit_small(cluster, data, homes[name], script, env)
+    # Each as soon as it passed step 13 (the jobs start at different times).
+    training = dict(jobs)
+    deadline = time.monotonic() + 300
+    while training and time.monotonic() < deadline:
+        for name, job in list(training.items()):
+            if re.search(r"step 13/300", output_of(homes[name])):
+                cluster.run(["scancel", job])
+                del training[name]
+        time.sleep(0.5)
+    assert not training, {n: output_of(homes[n])[-3000:] for n in training}
+    resume, stops = {}, {}
+    for name, job in jobs.items():
+        assert cluster.wait(job, JOB_TIMEOUT)["JobState"] == "CANCELLED"
+        (errors,) = glob.glob(os.path.join(homes[name], "*.err"))
+        with open(errors) as stream:
+            stopped, resume[name] = stream.read().splitlines()[-2:]
+        found = re.search(
+            r"course_job: stopped by SIGTERM; the newest checkpoint: "
+            r"step (\d+) \((\S+)/ckpt-(\d+)\)$",
+            stopped,
+        )
+        assert found, output_of(homes[name])[-5000:]
+        step, run, suffix = found.groups()
+        # The stop's own checkpoint (the periodic ones are 100 steps apart).
+        assert step == suffix and 13 <= int(step) < 100, stopped
+        assert os.path.exists(f"{run}/ckpt-{step}.index"), stopped
+        assert resume[name].endswith(
+            "course_job: to resume there, submit it again from the "
+            f"repository with the same LOG_ROOT: LOG_ROOT={run} sbatch "
+            f"scripts/{CANCELLED_JOBS[name][0]} (a job the scheduler "
+            "requeues resumes by itself)"
+        ), resume[name]
+        stops[name] = step
+    # The printed command, as typed in a checkout (its scripts/ folder),
+    # with the first job's REPO, EXTRA_FLAGS and data.
+    home = homes["horovod"]
+    log_root, script = re.search(
+        r"same LOG_ROOT: LOG_ROOT=(\S+) sbatch (\S+) \(", resume["horovod"]
+    ).groups()
+    (home / "scripts").symlink_to(os.path.join(ROOT, "scripts"))
+    for old in glob.glob(os.path.join(home, "*.out")) + glob.glob(
+        os.path.join(home, "*.err")
+    ):
+        os.rename(old, f"{old}.first")
+    env = {
+        "TRAIN_DATA": data["TRAIN_DATA"], "EVAL_DATA": data["EVAL_DATA"],
+        "HOME": str(home), "REPO": ROOT, "EXTRA_FLAGS": CANCELLED_FLAGS,
+        **CANCELLED_JOBS["horovod"][1], "LOG_ROOT": log_root,
+    }  # fmt: skip
+    again = cluster.sbatch(script, home, env, ("--ntasks-per-node=1",))
+    record = cluster.wait(again, JOB_TIMEOUT)
+    text = output_of(home)
+    assert record["JobState"] == "COMPLETED", text[-5000:]
+    resumed = re.findall(r"resumed from \S+ckpt-(\d+) at step (\d+)", text)
+    step = stops["horovod"]
+    assert resumed == [(step, step)] * 2, text[-5000:]
+
+
 # Every script ---------------------------------------------------------------
 
 # name: (script, environment, sbatch options, processes, nodes used).
