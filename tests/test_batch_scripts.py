@@ -403,15 +403,6 @@ def test_course_sync_cifar100_under_aprun(tmp_path, cifar100):
     assert_trained(log_root, text)
 
 
-def test_aprun_is_refused_under_slurm(tmp_path, cifar100):
-    code, text = run_job(
-        "course_sync_cifar100.sbatch", "slurm", tmp_path,
-        {**cifar100, "LAUNCHER": "aprun"}, timeout=30,
-    )  # fmt: skip
-    assert code == 2, text
-    assert "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun" in text
-
-
 @pytest.mark.slow
 @on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
@@ -485,13 +476,23 @@ def test_resnet18_job_names_the_missing_weights(tmp_path, cifar100):
     ), error
 
 
-def test_sync_job_rejects_an_unknown_engine(tmp_path, cifar100):
+@pytest.mark.parametrize(
+    "env, error",
+    [
+        ({"ENGINE": "mpi"}, "ENGINE=mpi: expected horovod or multi_worker"),
+        (
+            {"LAUNCHER": "aprun"},
+            "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun",
+        ),
+    ],
+)
+def test_sync_job_refuses_what_it_cannot_run(tmp_path, cifar100, env, error):
     code, text = run_job(
         "course_sync_cifar100.sbatch", "slurm", tmp_path,
-        {**cifar100, "ENGINE": "mpi"}, timeout=30,
+        {**cifar100, **env}, timeout=30,
     )  # fmt: skip
     assert code == 2, text
-    assert "ENGINE=mpi: expected horovod or multi_worker" in text
+    assert error in text
 
 
 @pytest.mark.slow
