@@ -32,8 +32,8 @@ import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
 from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
-from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
+from tf_resnet.config import flags as resnet_flags  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 from tf_resnet.modes import make_mode, serve  # noqa: E402
 

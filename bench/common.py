@@ -177,7 +177,7 @@ def start_runtime(**values):
     Must run before TensorFlow executes anything (thread pools, devices).
     """
     from tf_resnet import runtime
-    from tf_resnet.settings import make_config
+    from tf_resnet.config.settings import make_config
 
     return runtime.start(make_config(**values))
 

@@ -48,7 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import emulated_cluster  # noqa: E402
 
-from tf_resnet import engines, scaling, traffic  # noqa: E402
+from tf_resnet import scaling, traffic  # noqa: E402
+from tf_resnet.config import engines  # noqa: E402
 
 RESULT = "NETWORK_SCALING_RESULT "
 # The links' rate where a job's step is to hold no network time, Mbit/s.
@@ -106,9 +107,9 @@ def run_worker(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.averaging import float_variables
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.settings import make_config
 
     size, classes = model_shape(spec["model"])
     ps = spec["flags"]["distribution"] == "parameter_server"

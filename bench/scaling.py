@@ -52,8 +52,8 @@ def run_rank(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.settings import make_config
 
     ranks = processes_in_job()
     data = common.DATA["cifar10"]

@@ -132,8 +132,8 @@ def setup_ours(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute import tf_strategy
-    from tf_resnet.settings import make_config
 
     _setup_tf(spec)
     data = common.DATA[spec["data"]]

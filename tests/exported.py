@@ -16,8 +16,9 @@ import numpy as np
 import tensorflow as tf
 
 from tests.helpers import run_main
-from tf_resnet import builders, settings
-from tf_resnet import config as config_lib
+from tf_resnet import builders
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
 from tf_resnet.data import DATASETS, preprocessing
 from tf_resnet.distribute.base import DistributionMode, TrainState
 from tf_resnet.tta import tta_logits

@@ -20,10 +20,10 @@ import pytest
 from tests import engine_runs
 from tests.engine_runs import Spec
 from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
-from tf_resnet import engines
+from tf_resnet.config import engines
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 ENGINES = pytest.mark.parametrize(
     "launcher",

@@ -26,8 +26,9 @@ import pytest
 from absl import flags
 
 from tests.helpers import IN_PRIVATE_NETWORK, ROOT
-from tf_resnet import detect, devices, engines
-from tf_resnet import flags as resnet_flags
+from tf_resnet import detect, devices
+from tf_resnet.config import engines
+from tf_resnet.config import flags as resnet_flags
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 # Variables a recorded process keeps: the launchers' and schedulers'.

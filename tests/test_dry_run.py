@@ -113,7 +113,8 @@ def test_a_single_process_needs_no_launcher(tmp_path):
 SAME_AS_THE_MODE = """
 import json, sys
 import tf_resnet
-from tf_resnet import dry_run, runtime, settings
+from tf_resnet import dry_run, runtime
+from tf_resnet.config import settings
 from tf_resnet.modes import make_mode
 config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)

@@ -11,7 +11,7 @@ import ast
 import pathlib
 
 from tests.helpers import ROOT
-from tf_resnet import engines
+from tf_resnet.config import engines
 
 PACKAGE = pathlib.Path(ROOT) / "tf_resnet"
 # Besides `engines.py`, the modules an engine's name may be tested in: its
@@ -65,7 +65,7 @@ def engine_names_in_conditions(relative, tree):
         for operand in operands:
             for name in _strings(operand):
                 if name in engines.ENGINES and relative not in (
-                    {"engines.py"} | OWN_MODULES[name]
+                    {"config/engines.py"} | OWN_MODULES[name]
                 ):
                     found.append((node.lineno, name))
     return found

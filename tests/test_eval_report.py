@@ -24,12 +24,11 @@ from tf_resnet import (
     builders,
     eval_report,
     evaluation,
-    settings,
     summaries,
     train_loop,
-    validation,
 )
-from tf_resnet import config as config_lib
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings, validation
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.distribute.base import TrainState
 

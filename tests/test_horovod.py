@@ -22,9 +22,9 @@ from tests.helpers import (
     run_main,
     run_python,
 )
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 make_synthetic_cifar = load_data_script("make_synthetic_cifar")
 
@@ -223,7 +223,7 @@ HOROVOD_KNOBS = """
 import os, sys
 import tensorflow as tf
 from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
+from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(
     gradient_compression=sys.argv[1], all_reduce_pack_bytes=int(sys.argv[2])
 )

@@ -34,7 +34,8 @@ from tests.helpers import (
     resnet8_flags,
     run_python,
 )
-from tf_resnet import detect, engines, log_root_lock, settings, validation
+from tf_resnet import detect, log_root_lock
+from tf_resnet.config import engines, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import multi_worker as launcher
@@ -144,7 +145,7 @@ MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime
 from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
+from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(gradient_compression="fp16")
 mode = make_mode("mirrored", 2, dist, runtime.configure_devices(0, 2))
 # Each replica's gradient: float16 rounds 1 + 2**-12 to 1, 2**-30 to 0.

@@ -21,9 +21,10 @@ import sys
 import pytest
 
 from tests.helpers import ROOT, requires_horovod
-from tf_resnet import dry_run, engines
+from tf_resnet import dry_run
+from tf_resnet.config import engines
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distribute import buckets
-from tf_resnet.settings import DistributionConfig
 
 PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
 UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")

@@ -18,10 +18,10 @@ import tensorflow as tf
 
 from tests.helpers import ROOT, requires_horovod, run_python
 from tf_resnet import builders, runtime, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.models import blocks, cifar_resnet
 from tf_resnet.models.fused_batch_norm import FusedBatchNormalization
-from tf_resnet.settings import make_config
 
 
 @pytest.fixture
@@ -232,7 +232,7 @@ def test_thread_and_horovod_settings_reach_tensorflow():
     script = (
         "import os, sys\n"
         "from tf_resnet import runtime\n"
-        "from tf_resnet.settings import make_config\n"
+        "from tf_resnet.config.settings import make_config\n"
         "from tf_resnet.modes import make_mode\n"
         "import tensorflow as tf\n"
         "values = dict(a[2:].split('=') for a in sys.argv[1:])\n"
@@ -309,7 +309,7 @@ MIRRORED_XLA = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
 from tf_resnet import runtime
-from tf_resnet.settings import make_config
+from tf_resnet.config.settings import make_config
 from tf_resnet.modes import make_mode
 from tf_resnet.models import blocks, cifar_resnet
 mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))

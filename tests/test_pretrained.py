@@ -9,12 +9,13 @@ import tensorflow as tf
 
 from tests.data_files import state_dict_of, write_cifar_records
 from tests.helpers import flag_values, on_one_set, run_main
-from tf_resnet import config as config_lib
-from tf_resnet import param_groups, settings, train_loop
+from tf_resnet import param_groups, train_loop
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import base, tf_strategy
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import build_model, pretrained
-from tf_resnet.settings import make_config
 
 try:
     import torch

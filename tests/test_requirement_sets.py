@@ -20,9 +20,9 @@ from tests.helpers import (
     on_newest_set,
     on_one_set,
 )
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.errors import UserInputError
 from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 
 def _pins(name):

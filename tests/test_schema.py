@@ -4,13 +4,17 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import subprocess
+import sys
 import textwrap
 
 import pytest
 from absl import flags
 
-from tf_resnet import data, engines, modes, schema, settings, validation
-from tf_resnet import flags as resnet_flags
+from tests.helpers import ROOT
+from tf_resnet import data, modes
+from tf_resnet.config import engines, schema, settings, validation
+from tf_resnet.config import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
 # The flags of the original tensorflow/models resnet_main.py and of the Ray
@@ -249,3 +253,21 @@ def test_every_input_knob_is_a_data_setting_the_pipeline_is_given():
     options = data.input_options(settings.make_config(**knobs), seed=3)
     for name, value in {**knobs, "seed": 3}.items():
         assert getattr(options, name) == value, name
+
+
+def test_the_config_package_loads_without_tensorflow():
+    code = (
+        "import sys, pkgutil, importlib, tf_resnet.config as package\n"
+        "for module in pkgutil.iter_modules(package.__path__):\n"
+        "    importlib.import_module(f'tf_resnet.config.{module.name}')\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in "
+        "('tensorflow', 'keras')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "[]"

@@ -9,10 +9,10 @@ import tensorflow as tf
 from tests.data_files import WNIDS, write_jpeg, write_tiny_imagenet
 from tests.helpers import all_batches, run_main
 from tf_resnet import data, summaries, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError, UserInputError
-from tf_resnet.settings import make_config
 
 
 @pytest.fixture()

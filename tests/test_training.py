@@ -20,8 +20,8 @@ from tests.helpers import (
     scalars,
 )
 from tf_resnet import builders, summaries, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import tf_strategy
-from tf_resnet.settings import make_config
 
 
 def config(synthetic, log_root, **overrides):

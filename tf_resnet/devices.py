@@ -25,8 +25,8 @@ Imports no TensorFlow.
 
 import dataclasses
 
-from tf_resnet import engines
-from tf_resnet.engines import Devices
+from tf_resnet.config import engines
+from tf_resnet.config.engines import Devices
 from tf_resnet.errors import UserInputError
 
 

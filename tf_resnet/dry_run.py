@@ -10,7 +10,8 @@ replica in sync; an update sums the gradients of `replicas_per_update`
 replicas), which `tests/test_dry_run.py` holds against real modes.
 """
 
-from tf_resnet import detect, engines, schedules, traffic
+from tf_resnet import detect, schedules, traffic
+from tf_resnet.config import engines
 
 
 def replicas(config, started):

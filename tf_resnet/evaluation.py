@@ -24,10 +24,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
-from tf_resnet import data, dataset_facts, eval_report, summaries
+from tf_resnet import data, eval_report, summaries
 from tf_resnet.builders import build_model, make_ema, plan_run
 from tf_resnet.checkpointing import first_line, unreadable
+from tf_resnet.config import datasets
+from tf_resnet.config import layers as config_lib
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.tta import tta_logits
 
@@ -164,7 +165,7 @@ class Evaluator:
         self.report_dir = run.eval_dir
         self.writer = summaries.EvalWriter(run.eval_dir, mode.is_chief)
         self.job = job
-        split_name = dataset_facts.DATASETS[config.data.dataset].eval_split
+        split_name = datasets.DATASETS[config.data.dataset].eval_split
         if job:
             self.history = summaries.EvalHistory(
                 run.eval_dir,

@@ -49,10 +49,10 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
 from tf_resnet import litert, summaries
 from tf_resnet.builders import build_model, make_ema
 from tf_resnet.checkpointing import unreadable
+from tf_resnet.config import layers as config_lib
 from tf_resnet.data import DATASETS, cifar_binary, preprocessing
 from tf_resnet.distribute.base import DistributionMode, TrainState
 from tf_resnet.errors import StorageError, UserInputError

@@ -1,15 +1,15 @@
 """Makes the distribution mode of an engine: what the training loop runs on.
 
-The engines and every fact of each are registered in `tf_resnet.engines`;
+The engines and every fact of each are registered in `tf_resnet.config.engines`;
 `make_mode` makes the chosen one's mode, and everything else talks to the
 `distribute.base.DistributionMode` interface. An engine's module is
 imported only when its mode is made, so a run without Horovod never
 imports it.
 """
 
-from tf_resnet import engines, schema
+from tf_resnet.config import engines, schema
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.errors import UserInputError
-from tf_resnet.settings import DistributionConfig
 
 
 def _call(engine, function, *args):

@@ -17,7 +17,10 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import detect, devices, engines
+from tf_resnet import detect, devices
+
+# CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
+from tf_resnet.config import engines
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without

@@ -398,7 +398,7 @@ def candidates(average_every=(4, 16), accumulate=(2, 4)):
     The engines whose all-reduce overlaps the backward pass (the default)
     also without it, the control.
     """
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
     rows = []
     for name, engine in engines.ENGINES.items():
@@ -420,7 +420,7 @@ def candidates(average_every=(4, 16), accumulate=(2, 4)):
 
 def projections(model_step, gradients, gpus, gpus_per_node, network):
     """Every candidate's `Projection`."""
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
     return [
         project(model_step, gradients, gpus, gpus_per_node, network,
@@ -516,7 +516,7 @@ ANCHORS = (
 
 def project_anchor(anchor, gradients):
     """Horovod's `Projection` in `anchor`'s setting (overlapped, as it is)."""
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
     return project(
         anchor.step, gradients, anchor.gpus, anchor.gpus_per_node,

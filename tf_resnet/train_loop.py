@@ -27,14 +27,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
 from tf_resnet import (
     data,
     evaluation,
     log_root_lock,
     param_groups,
     schedules,
-    settings,
     summaries,
 )
 from tf_resnet.builders import (
@@ -45,6 +43,8 @@ from tf_resnet.builders import (
     plan_run,
 )
 from tf_resnet.checkpointing import RunCheckpoints, check_writable
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.errors import UserInputError
 from tf_resnet.losses import classification_losses

@@ -31,7 +31,7 @@ import json
 import os
 import sys
 
-from tf_resnet import engines
+from tf_resnet.config import engines
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"

@@ -51,7 +51,8 @@ import sys
 import threading
 import time
 
-from tf_resnet import engines, native_log
+from tf_resnet import native_log
+from tf_resnet.config import engines
 from tf_resnet.launch import cli, multi_worker, processes
 
 log = cli.logger("launch.ray")

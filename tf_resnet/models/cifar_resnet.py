@@ -12,7 +12,7 @@ The paper's CIFAR default is the parameter-free zero-padding shortcut
 a final BN-ReLU before pooling.
 """
 
-from tf_resnet.model_families import CIFAR
+from tf_resnet.config.families import CIFAR
 from tf_resnet.models import blocks, resnet
 
 

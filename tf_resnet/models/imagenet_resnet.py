@@ -18,7 +18,7 @@ Stems (`--stem`, see `resnet.stem`):
     images from scratch; ImageNet weights then no longer fit the stem.
 """
 
-from tf_resnet.model_families import IMAGENET, IMAGENET_LAYOUTS
+from tf_resnet.config.families import IMAGENET, IMAGENET_LAYOUTS
 from tf_resnet.models import blocks, resnet
 
 # The block kinds that `IMAGENET_LAYOUTS` names.

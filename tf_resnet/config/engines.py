@@ -24,7 +24,8 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from tf_resnet import detect, recipes, traffic
+from tf_resnet import detect, traffic
+from tf_resnet.config import presets
 from tf_resnet.errors import UserInputError
 
 # Not an engine: `resolve` makes it one from the launcher, else `running`
@@ -485,7 +486,7 @@ def resolve(distribution, preset=None, dist=None):
             )
         )
     if distribution != AUTO:
-        if recipes.PRESETS.get(preset, {}).get("distribution") == distribution:
+        if presets.PRESETS.get(preset, {}).get("distribution") == distribution:
             return distribution, f"--preset={preset}"
         return distribution, "--distribution"
     for engine in ENGINES.values():
