@@ -191,12 +191,12 @@ def start_mode(config):
     import keras
 
     from tf_resnet import runtime
-    from tf_resnet.modes import make_mode
+    from tf_resnet.distributors import make_distributor
 
     started = runtime.start(config)
     keras.utils.set_random_seed(0)
-    return make_mode(
-        started.distribution,
+    return make_distributor(
+        started.engine,
         config.optim.batch_size,
         config.distribution,
         started.devices,

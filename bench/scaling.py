@@ -4,13 +4,13 @@
 
 Each configuration is a real `horovodrun --gloo` job, started by
 `tf_resnet.launch.horovod`, running the training step of
-`--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one fused
+`--distribution=horovod` (`tf_resnet.distribute.horovod_ranks`: one fused
 all-reduce of the gradients and one of the step metrics per step) on
 a fixed batch of 128 per rank (weak scaling: the global batch grows with
 the ranks, the work per rank stays the same). Jobs alternate, one of each
 per round, so load from elsewhere hits all alike; a round's sample is the
 median of its blocks. Ranks use the project's Horovod settings
-(`horovod_mode.set_cycle_time`: a 5 ms cycle on CPUs); one row keeps
+(`horovod_ranks.set_cycle_time`: a 5 ms cycle on CPUs); one row keeps
 Horovod's own 1 ms to show what that choice moved. A 1-process, 2-thread
 run without Horovod is the context row: what the same 2 cores give without
 data parallelism.

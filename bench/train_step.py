@@ -146,7 +146,7 @@ def setup_ours(spec):
         weight_decay=float(spec.get("wd", 1e-4)),
         ema_decay=float(spec["ema"]),
     )
-    mode = tf_strategy.default_mode(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim.batch_size)
     model = builders.build_model(
         config, mode, common.training_split(spec["data"])
     )

@@ -112,14 +112,14 @@ def observe_writes():
 
 def run(argv):
     seen = {}
-    make_mode = resnet_main.make_mode
+    make_distributor = resnet_main.make_distributor
 
     def make_observed_mode(*args, **kwargs):
-        mode = make_mode(*args, **kwargs)
+        mode = make_distributor(*args, **kwargs)
         observe_mode(mode, seen)
         return mode
 
-    resnet_main.make_mode = make_observed_mode
+    resnet_main.make_distributor = make_observed_mode
     observe_checkpoints()
     observe_writes()
     code = resnet_main.run(argv)

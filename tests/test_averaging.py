@@ -22,8 +22,8 @@ from tests.engine_runs import Spec
 from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
 from tf_resnet.config import engines
 from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
 from tf_resnet.errors import UserInputError
-from tf_resnet.modes import make_mode
 
 ENGINES = pytest.mark.parametrize(
     "launcher",
@@ -126,7 +126,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
 @requires_horovod
 def test_average_every_must_be_positive():
     with pytest.raises(UserInputError, match="--average_every must be"):
-        make_mode("averaging", 128, DistributionConfig(average_every=0))
+        distributor_for("averaging", 128, DistributionConfig(average_every=0))
 
 
 def test_averaging_engine_follows_how_the_processes_were_started(
@@ -161,7 +161,7 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
     monkeypatch.setattr("sys.argv", argv)
     config = DistributionConfig(**{name: 4})
     with pytest.raises(UserInputError) as error:
-        make_mode("averaging", 128, config)
+        distributor_for("averaging", 128, config)
     message = str(error.value)
     assert "\n" not in message
     flags = (

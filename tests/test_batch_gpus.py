@@ -221,7 +221,13 @@ def planned(record, gpus, monkeypatch):
         *detect.local_process(dist.task_index),
     )
     job = detect.server_job(dist.job_name)
-    plan = devices.plan(engine, dist.num_gpus, dist.cpu_replicas, node, job)
+    plan = devices.plan(
+        engines.devices_rule(engine),
+        dist.num_gpus,
+        dist.cpu_replicas,
+        node,
+        job,
+    )
     computes = not (engine == "parameter_server" and job != "worker")
     return record["env"].get("FAKE_NODE", "batch"), computes, plan
 

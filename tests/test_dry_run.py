@@ -115,10 +115,10 @@ import json, sys
 import tf_resnet
 from tf_resnet import dry_run, runtime
 from tf_resnet.config import settings
-from tf_resnet.modes import make_mode
+from tf_resnet.distributors import make_distributor
 config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)
-mode = make_mode(started.distribution, config.optim.batch_size,
+mode = make_distributor(started.engine, config.optim.batch_size,
                  config.distribution, started.devices)
 in_sync, per_update, _ = dry_run.replicas(config, started)
 print(json.dumps([in_sync, per_update, mode.num_replicas,

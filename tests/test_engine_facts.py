@@ -19,7 +19,7 @@ PACKAGE = pathlib.Path(ROOT) / "tf_resnet"
 OWN_MODULES = {
     "default": {"distribute/tf_strategy.py"},
     "mirrored": {"distribute/tf_strategy.py"},
-    "horovod": {"distribute/horovod_mode.py", "launch/horovod.py"},
+    "horovod": {"distribute/horovod_ranks.py", "launch/horovod.py"},
     "averaging": {"distribute/averaging.py"},
     "parameter_server": {"distribute/parameter_server.py", "launch/ps.py"},
     "multi_worker": {"distribute/multi_worker.py", "launch/multi_worker.py"},

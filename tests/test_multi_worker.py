@@ -144,10 +144,10 @@ def test_packs_overlapped_sum_as_one_pack(knob):
 MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime
-from tf_resnet.modes import make_mode
+from tf_resnet.distributors import distributor_for
 from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(gradient_compression="fp16")
-mode = make_mode("mirrored", 2, dist, runtime.configure_devices(0, 2))
+mode = distributor_for("mirrored", 2, dist, runtime.configure_devices(0, 2))
 # Each replica's gradient: float16 rounds 1 + 2**-12 to 1, 2**-30 to 0.
 grad = tf.constant([1 + 2**-12, 2**-30])
 for compressed in (False, True):

@@ -2,7 +2,7 @@
 
 Slurm preempts or requeues a job by sending SIGTERM to every process of it
 at about the same time. Each process agrees with its peers, at steps all of
-them know, whether any got one (`DistributionMode.any_process_stopping`),
+them know, whether any got one (`Distributor.any_process_stopping`),
 so all stop at one step, the chief writes that step's checkpoint, and all
 exit with the stop signal's code; a rerun resumes there.
 

@@ -280,7 +280,9 @@ def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
         train_steps=6,
         checkpoint_every_steps=4,
     )
-    train_loop.train(config, tf_strategy.default_mode(config.optim.batch_size))
+    train_loop.train(
+        config, tf_strategy.default_distributor(config.optim.batch_size)
+    )
 
     def restored(step):
         model = build_model("resnet18", 10, (32, 32, 3), stem="cifar")
@@ -314,7 +316,7 @@ def test_lr_multipliers_scale_backbone_and_head_updates(backbone, head):
     rng = np.random.default_rng(0)
     images = rng.normal(size=(4, 8, 8, 3)).astype(np.float32)
     labels = np.array([0, 1, 2, 1], np.int32)
-    mode = base.DistributionMode(4)
+    mode = base.Distributor(4)
 
     def update(**multipliers):
         for variable, value in zip(

@@ -12,7 +12,7 @@ import pytest
 from absl import flags
 
 from tests.helpers import ROOT
-from tf_resnet import data, modes
+from tf_resnet import data, distributors
 from tf_resnet.config import engines, schema, settings, validation
 from tf_resnet.config import flags as resnet_flags
 from tf_resnet.errors import UserInputError
@@ -182,7 +182,7 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
         "horovod",
         "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
     )
-    assert engines.processes_in_sync("horovod") == 2
+    assert engines.processes_in_sync(engines.get("horovod")) == 2
     with pytest.raises(UserInputError, match="srun --mpi=none"):
         engines.resolve("multi_worker")
     monkeypatch.delenv("PMIX_RANK")
@@ -234,7 +234,7 @@ def test_all_reduce_knobs_are_refused_by_engines_that_do_not_take_them():
     # `auto` on one device is `default`, refused when its mode is made.
     one_device = settings.DistributionConfig(gradient_compression="fp16")
     with pytest.raises(UserInputError, match="--distribution=default has"):
-        modes.make_mode("auto", 16, one_device)
+        distributors.distributor_for("auto", 16, one_device)
 
 
 def test_synchronised_bn_is_refused_with_micro_batches():
