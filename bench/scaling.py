@@ -17,7 +17,7 @@ data parallelism.
 
 `--distribution=multi_worker` (TensorFlow's MultiWorkerMirroredStrategy,
 no Horovod) runs the same step in the same rounds, 1 and 2 workers
-started by `tf_resnet.launch.multi_worker` the way the Horovod jobs are
+started by `tf_resnet.launch.tf_config_cluster` the way the Horovod jobs are
 started by `tf_resnet.launch.horovod`; each engine's 2-process rate is
 divided by its own 1-process rate. Without Horovod installed its rows
 are the only ones run.
@@ -155,7 +155,7 @@ def run_job(spec, ranks, env):
     # worker ignores (its spec says so already).
     launcher = {
         "horovod": "tf_resnet.launch.horovod",
-        "multi_worker": "tf_resnet.launch.multi_worker",
+        "multi_worker": "tf_resnet.launch.tf_config_cluster",
     }.get(spec["distribution"])
     if ranks:
         command = [

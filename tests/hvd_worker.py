@@ -2,7 +2,7 @@
 
   horovodrun -np 2 -H localhost:2 --gloo python tests/hvd_worker.py \
       --dump_dir=DIR --distribution=horovod ...  # any resnet_main flag
-  python -m tf_resnet.launch.multi_worker --np=2 \
+  python -m tf_resnet.launch.tf_config_cluster --np=2 \
       --main=tests/hvd_worker.py -- --dump_dir=DIR ...
 
 * Registers two small models the tests need: `resnet8` (the smallest CIFAR

@@ -2,7 +2,7 @@
 
   python -m tf_resnet.launch.horovod --np=2 --main=tests/profile_step.py \
       -- OUT distribution=horovod model=resnet20 ...
-  python -m tf_resnet.launch.multi_worker --np=2 \
+  python -m tf_resnet.launch.tf_config_cluster --np=2 \
       --main=tests/profile_step.py -- OUT distribution=multi_worker ...
 
 Each process builds the model, optimizer and mode as a run does

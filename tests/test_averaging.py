@@ -2,7 +2,7 @@
 
 Each equivalence test runs on both engines: two Horovod ranks
 (`tf_resnet.launch.horovod`) and two workers of a TF_CONFIG cluster
-(`tf_resnet.launch.multi_worker`, TensorFlow's collectives), each launcher
+(`tf_resnet.launch.tf_config_cluster`, TensorFlow's collectives), each launcher
 in a loopback-only network namespace. Both run on the pinned set only
 (`on_one_set`; Horovod is there alone); on the newest set, averaging on
 multi_worker workers is the Ray cluster test's (`tests/test_ray.py`).
@@ -167,7 +167,8 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
     flags = (
         "-- --model=resnet20 --distribution=averaging '--log_root=/tmp/my run'"
     )
-    assert f"python -m tf_resnet.launch.multi_worker --np=4 {flags}" in message
+    launcher = "tf_resnet.launch.tf_config_cluster"
+    assert f"python -m {launcher} --np=4 {flags}" in message
     if HAS_HOROVOD:
         assert f"python -m tf_resnet.launch.horovod --np=4 {flags}" in message
     assert devices not in message
@@ -178,7 +179,7 @@ def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
         2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
     )
     assert command == (
-        "python -m tf_resnet.launch.multi_worker --np=2 "
+        "python -m tf_resnet.launch.tf_config_cluster --np=2 "
         "--main=tests/hvd_worker.py -- --model=resnet8 "
         "--distribution=averaging"
     )

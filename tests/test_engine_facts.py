@@ -22,7 +22,10 @@ OWN_MODULES = {
     "horovod": {"distribute/horovod_ranks.py", "launch/horovod.py"},
     "averaging": {"distribute/averaging.py"},
     "parameter_server": {"distribute/parameter_server.py", "launch/ps.py"},
-    "multi_worker": {"distribute/multi_worker.py", "launch/multi_worker.py"},
+    "multi_worker": {
+        "distribute/multi_worker.py",
+        "launch/tf_config_cluster.py",
+    },
 }
 # What launchers and schedulers set for the processes they start.
 LAUNCH_VARIABLES = (
@@ -124,7 +127,7 @@ def test_the_check_sees_a_name_in_a_condition():
         (1, "multi_worker"),
         (1, "averaging"),
     ]
-    assert engine_names_in_conditions("launch/multi_worker.py", tree) == [
+    assert engine_names_in_conditions("launch/tf_config_cluster.py", tree) == [
         (1, "averaging")
     ]
 

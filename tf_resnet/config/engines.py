@@ -103,7 +103,7 @@ class Engine:
         launcher gave ranks (`detect`); None: one.
       update: whose gradients make one update (`Update`).
       per_process: one process per replica, each its own model (Horovod
-        ranks or workers of `launch.multi_worker`), not tf.distribute
+        ranks or workers of `launch.tf_config_cluster`), not tf.distribute
         replicas in one process.
       needs: what it imports that a requirement set may lack (`Needs`).
       without_needs: what to run instead where `needs` is missing.
@@ -315,14 +315,14 @@ ENGINES = {
             "local steps, weights averaged every --average_every steps",
             _averaging_distributor,
             check=_check_averaging,
-            launcher="multi_worker",
+            launcher="tf_config_cluster",
             devices=Devices.RANK,
             workers=detect.cluster_workers,
             update=Update.PROCESS,
             per_process=True,
             needs=HOROVOD,
             without_needs="or run the workers without it: python -m "
-            "tf_resnet.launch.multi_worker --np=N -- "
+            "tf_resnet.launch.tf_config_cluster --np=N -- "
             "--distribution=averaging ...",
             traffic=traffic.ALL_REDUCE_EVERY,
         ),
@@ -344,7 +344,7 @@ ENGINES = {
             _multi_worker_distributor,
             recognise=lambda dist: detect.multi_worker_cluster(),
             check=_check_multi_worker,
-            launcher="multi_worker",
+            launcher="tf_config_cluster",
             devices=Devices.NODE,
             workers=detect.cluster_workers,
             averaging=_multi_worker_averaging_distributor,

@@ -27,7 +27,7 @@ rest), and how the processes were started picks it
 * TensorFlow's collectives (`multi_worker.MultiWorkerAveragingDistributor`) when
   the process is a worker of a multi-worker cluster: `--worker_hosts`, a
   `TF_CONFIG` of several workers and no ps (as `python -m
-  tf_resnet.launch.multi_worker` sets), or a Slurm job step of several
+  tf_resnet.launch.tf_config_cluster` sets), or a Slurm job step of several
   tasks;
 * Horovod (`horovod_ranks.HorovodAveragingDistributor`) otherwise: under
   `horovodrun` / `python -m tf_resnet.launch.horovod`.

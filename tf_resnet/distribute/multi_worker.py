@@ -8,7 +8,7 @@ workers, so every worker applies the same update.
 The cluster comes from, in this order: `--worker_hosts` with
 `--task_index` (worker 0 is the chief), `TF_CONFIG`, or the variables of
 a Slurm job step (`SlurmClusterResolver`). `python -m
-tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
+tf_resnet.launch.tf_config_cluster --np=N` starts N workers on this machine.
 
 The gradient all-reduce is the Keras optimizer's, over the strategy's
 replicas, in packs of `CommunicationOptions`' `bytes_per_pack`: TensorFlow
@@ -105,7 +105,7 @@ def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=None):
     raise UserInputError(
         "--distribution=multi_worker needs a cluster: --worker_hosts with "
         "--task_index, a TF_CONFIG environment variable, a Slurm job step "
-        "(srun), or `python -m tf_resnet.launch.multi_worker` (see "
+        "(srun), or `python -m tf_resnet.launch.tf_config_cluster` (see "
         "docs/distributed.md)"
     )
 

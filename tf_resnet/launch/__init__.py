@@ -2,7 +2,7 @@
 
   python -m tf_resnet.launch.horovod --np=2 -- <resnet_main.py flags>
   python -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- <flags>
-  python -m tf_resnet.launch.multi_worker --np=2 -- <flags>
+  python -m tf_resnet.launch.tf_config_cluster --np=2 -- <flags>
   python -m tf_resnet.launch.ray --address=auto --num_workers=2 -- <flags>
 
 The first three run every process of the job on this machine: the
