@@ -12,18 +12,21 @@ import functools
 from tf_resnet.config import families
 from tf_resnet.config.families import ModelOptions
 from tf_resnet.errors import UserInputError
-from tf_resnet.models import cifar_resnet, course_resnet, imagenet_resnet
+from tf_resnet.models import (  # noqa: F401  # Each registers its builder.
+    cifar_resnet,
+    course_resnet,
+    imagenet_resnet,
+)
 from tf_resnet.models import pretrained as pretrained_weights
-from tf_resnet.models.resnet import HEAD_LAYER
+from tf_resnet.models.resnet import BUILDERS, HEAD_LAYER
 
 __all__ = ["HEAD_LAYER", "MODELS", "ModelOptions", "build_model"]
 
-# Each family's builder; a `Variant` gives it the model's own arguments.
-BUILDERS = {
-    families.CIFAR: cifar_resnet.cifar_resnet,
-    families.COURSE: course_resnet.course_resnet,
-    families.IMAGENET: imagenet_resnet.imagenet_resnet,
-}
+# The builders register themselves (`resnet.builds`); every family of the
+# table must have one.
+_missing = [f.label for f in families.FAMILIES if f not in BUILDERS]
+if _missing:
+    raise ImportError(f"no builder for {', '.join(_missing)} (resnet.builds)")
 MODELS = {
     name: functools.partial(BUILDERS[variant.family], **variant.arguments)
     for name, variant in families.VARIANTS.items()

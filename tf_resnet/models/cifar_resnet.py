@@ -16,6 +16,7 @@ from tf_resnet.config.families import CIFAR
 from tf_resnet.models import blocks, resnet
 
 
+@resnet.builds(CIFAR)
 def cifar_resnet(
     depth,
     num_classes,

@@ -31,6 +31,7 @@ STAGES = (
 )
 
 
+@resnet.builds(COURSE)
 def course_resnet(
     num_classes, input_shape=(32, 32, 3), name="course_resnet", **options
 ):

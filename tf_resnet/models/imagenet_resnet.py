@@ -25,6 +25,7 @@ from tf_resnet.models import blocks, resnet
 BLOCKS = {"basic": blocks.BasicBlock, "bottleneck": blocks.Bottleneck}
 
 
+@resnet.builds(IMAGENET)
 def imagenet_resnet(
     depth, num_classes, input_shape=(224, 224, 3), name=None, **options
 ):
