@@ -16,6 +16,7 @@ TensorFlow, so that the config reads it without TensorFlow.
 """
 
 import dataclasses
+import sys
 
 from tf_resnet.config import schema
 from tf_resnet.config.schema import BELOW_ONE, setting
@@ -200,11 +201,12 @@ def registered_models():
 
     Asked when the flags are defined, not when this module is imported: a
     script may register a model of its own first (the tests' small
-    models). The shipped ones are `families.VARIANTS`.
+    models, in `models.MODELS`). Read from the model package where it is
+    loaded (a run loads it before defining its flags); the shipped ones,
+    `VARIANTS`, where it is not, so asking imports no TensorFlow.
     """
-    from tf_resnet import models  # TensorFlow: only when asked.
-
-    return tuple(sorted(models.MODELS))
+    models = sys.modules.get("tf_resnet.models")
+    return tuple(sorted(VARIANTS if models is None else models.MODELS))
 
 
 @dataclasses.dataclass(frozen=True)
