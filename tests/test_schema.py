@@ -4,14 +4,12 @@ import ast
 import importlib
 import importlib.util
 import inspect
-import subprocess
-import sys
 import textwrap
 
 import pytest
 from absl import flags
 
-from tests.helpers import ROOT
+from tests.helpers import run_python
 from tf_resnet import data, distributors
 from tf_resnet.config import engines, schema, settings, validation
 from tf_resnet.config import flags as resnet_flags
@@ -263,11 +261,4 @@ def test_the_config_package_loads_without_tensorflow():
         "print(sorted(n for n in sys.modules if n.split('.')[0] in "
         "('tensorflow', 'keras')))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert result.stdout.strip() == "[]"
+    assert run_python(code).strip() == "[]"
