@@ -71,7 +71,7 @@ def worker():
 
 def measure(engine, steps, data):
     """`[(with check ms, without ms)]` of each process of one run."""
-    launcher = "multi_worker" if engine == "multi_worker" else "horovod"
+    launcher = "tf_config_cluster" if engine == "multi_worker" else "horovod"
     with tempfile.TemporaryDirectory() as scratch:
         command = [
             sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",

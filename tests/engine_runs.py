@@ -47,7 +47,7 @@ def worker_command(args, ranks=None, launcher="horovod"):
     """The worker's command line; as `ranks` processes if given.
 
     Ranks are started by `tf_resnet.launch.horovod` (`horovodrun` in a
-    loopback-only network namespace), or with `launcher="multi_worker"` as
+    loopback-only network namespace), or with `launcher="tf_config_cluster"` as
     the workers of a TF_CONFIG cluster by `tf_resnet.launch.tf_config_cluster`
     (in such a namespace too), so every multi-process test runs there.
     """

@@ -29,14 +29,14 @@ ENGINES = pytest.mark.parametrize(
     "launcher",
     [
         pytest.param("horovod", marks=requires_horovod),
-        pytest.param("multi_worker", marks=[pytest.mark.slow, on_one_set]),
+        pytest.param("tf_config_cluster", marks=[pytest.mark.slow, on_one_set]),
     ],
 )
 # The synchronous reference: Horovod's own mode on its ranks; for the
 # workers, one process (which test_multi_worker shows equals them).
 SYNCHRONOUS = {
     "horovod": Spec("horovod", ranks=2, learning_rate=0.4),
-    "multi_worker": Spec("default", learning_rate=0.4),
+    "tf_config_cluster": Spec("default", learning_rate=0.4),
 }
 
 

@@ -48,7 +48,7 @@ def launch(launcher, launcher_flags, log_root, *flags):
 
 @on_newest_set  # A launcher's plan (tests/helpers.py).
 def test_under_the_multi_worker_launcher(tmp_path):
-    reports = launch("multi_worker", ["--np=2"], tmp_path / "run")
+    reports = launch("tf_config_cluster", ["--np=2"], tmp_path / "run")
     assert len(reports) == 2, reports
     assert sorted(r.splitlines()[0] for r in reports) == [
         "process 0 of 2 on this node (the launcher)",

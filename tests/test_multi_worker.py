@@ -71,7 +71,7 @@ def test_two_workers_train_exactly_like_one_process():
     # Horovod and averaging tests compare with too, trained once per pytest
     # worker (engine_runs caches it).
     single, cluster = engine_runs.equivalence_runs(
-        Spec("default"), Spec("multi_worker", 2, launcher="multi_worker")
+        Spec("default"), Spec("multi_worker", 2, launcher="tf_config_cluster")
     )
     expected = single.weights()
     worker0, worker1 = cluster.weights(0), cluster.weights(1)
@@ -89,7 +89,7 @@ def test_packing_changes_nothing_and_float16_gradients_stay_close():
     # Beside the equivalence run above, whose two-worker run it reuses.
     plain, packed, compressed = engine_runs.equivalence_runs(
         *(
-            Spec("multi_worker", 2, extra=extra, launcher="multi_worker")
+            Spec("multi_worker", 2, extra=extra, launcher="tf_config_cluster")
             for extra in (
                 (),
                 ("--all_reduce_pack_bytes=64",),
@@ -125,7 +125,7 @@ def test_packs_overlapped_sum_as_one_pack(knob):
     overlapped, one_pack = engine_runs.equivalence_runs(
         *(
             Spec("multi_worker", 2, extra=(*extra, *knob),
-                 launcher="multi_worker")
+                 launcher="tf_config_cluster")
             for extra in (
                 ("--all_reduce_pack_bytes=64",),
                 ("--nooverlap_all_reduce",),

@@ -34,7 +34,7 @@ def profile(tmp_path, engine, *settings):
     """Each process's profiled steps and its start line's words."""
     name = "-".join(settings).replace("=", "_")
     out = tmp_path / f"{engine}-{name}.json"
-    launcher = "horovod" if engine == "horovod" else "multi_worker"
+    launcher = "horovod" if engine == "horovod" else "tf_config_cluster"
     command = [
         sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",
         f"--main={PROFILE_STEP}", "--", str(out), f"distribution={engine}",
