@@ -188,10 +188,6 @@ def start(config):
     name, reason = engines.resolve(dist.distribution, config.preset, dist)
     plan = device_plan(config, engines.devices_rule(name))
     engine = engines.running(name, plan.replicas)
-    if dist.distribution == engines.AUTO:
-        # A named engine's settings were checked with the others
-        # (`validation.validate`); the one `auto` became is known only now.
-        engines.check_settings(engine, dist)
     names = apply_plan(plan)
     # Which host each process of a job runs on, in the job's log.
     logging.info(
@@ -200,6 +196,10 @@ def start(config):
         socket.gethostname(),
         plan.describe(),
     )
+    if dist.distribution == engines.AUTO:
+        # A named engine's settings were checked with the others
+        # (`validation.validate`); the one `auto` became is known only now.
+        engines.check_settings(engine, dist)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
     return Started(policy, engine, reason, name == engines.AUTO, names, plan)
