@@ -4,10 +4,10 @@ Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
 batch (and its micro-batches), the learning rate after scaling, the dtype
 policy and the gradient all-reduce's knobs when set. Nothing is read,
-built or written. The numbers follow the modes' own definitions
+built or written. The numbers follow the distributors' own definitions
 (`base.Distributor`: a step splits the global batch over every
 replica in sync; an update sums the gradients of `replicas_per_update`
-replicas), which `tests/test_dry_run.py` holds against real modes.
+replicas), which `tests/test_dry_run.py` holds against real ones.
 """
 
 from tf_resnet import detect, schedules, traffic

@@ -5,8 +5,8 @@ progress lines and summaries, the schedule of evaluations and checkpoints,
 and stopping on a signal. What it trains is made by `builders`; the
 separate `--mode=eval` job is `evaluation.evaluate_only`.
 
-A custom `GradientTape` loop (not `model.fit`) because the distribution
-modes need hooks `fit` does not offer: gradient all-reduce across Horovod
+A custom `GradientTape` loop (not `model.fit`) because the
+distributors need hooks `fit` does not offer: gradient all-reduce across Horovod
 ranks, weight averaging between local steps, asynchronous dispatch to
 parameter servers. The loop only talks to the `Distributor` interface.
 

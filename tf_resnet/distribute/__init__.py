@@ -1,4 +1,4 @@
-"""Distribution modes: one class per engine, behind one interface.
+"""Distributors: one class per engine, behind one interface.
 
 Each module holds the distributor of one engine (`base.Distributor` is the
 interface the training loop talks to). The engines, and the function that

@@ -80,7 +80,7 @@ class Distributor:
       num_replicas: replicas the global batch is split over (all devices of
         all processes).
       replicas_per_update: replicas whose gradients are summed into one
-        optimizer update (`num_replicas` for synchronous SGD, 1 for modes
+        optimizer update (`num_replicas` for synchronous SGD, 1 for engines
         where replicas update on their own, like async parameter servers or
         local steps between weight averages). Losses are normalised by
         `replica_batch * replicas_per_update`, so the combined gradient is
@@ -134,7 +134,7 @@ class Distributor:
 
         Returns:
           `fn(iterator)` returning the step's metrics summed over replicas
-          (for asynchronous modes, a handle that `fetch` resolves).
+          (for asynchronous engines, a handle that `fetch` resolves).
         """
 
         @tf.function(autograph=False)
