@@ -32,10 +32,10 @@ import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
 from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
-from tf_resnet import flags as resnet_flags  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
+from tf_resnet.config import flags as resnet_flags  # noqa: E402
+from tf_resnet.distributors import make_distributor, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
-from tf_resnet.modes import make_mode, serve  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
 # A task of the cluster is gone. A multi_worker peer that stops answering
@@ -65,23 +65,23 @@ def run(argv):
         dist = config.distribution
         if serve(dist):  # A task that only serves its cluster.
             return 0
-        mode = make_mode(
-            started.distribution,
+        distributor = make_distributor(
+            started.engine,
             config.optim.batch_size,
             dist,
             started.devices,
         )
         logging.info(
             "distribution %s (%s), dtype policy %s (--dtype=%s)",
-            mode.name,
+            distributor.name,
             started.reason,
             started.dtype_policy,
             config.runtime.dtype,
         )
         try:
             if config.run.mode == "train":
-                result = train_loop.train(config, mode)
-                if mode.is_chief:  # The others' would repeat it.
+                result = train_loop.train(config, distributor)
+                if distributor.is_chief:  # The others' would repeat it.
                     logging.info(
                         "done: %s",
                         ", ".join(
@@ -89,9 +89,9 @@ def run(argv):
                         ),
                     )
             else:
-                evaluation.evaluate_only(config, mode)
+                evaluation.evaluate_only(config, distributor)
         finally:
-            mode.shutdown()
+            distributor.shutdown()
     except (UserInputError, FileNotFoundError) as error:
         print(f"resnet_main: error: {error}", file=sys.stderr)
         return 2

@@ -177,7 +177,7 @@ def start_runtime(**values):
     Must run before TensorFlow executes anything (thread pools, devices).
     """
     from tf_resnet import runtime
-    from tf_resnet.settings import make_config
+    from tf_resnet.config.settings import make_config
 
     return runtime.start(make_config(**values))
 
@@ -191,12 +191,12 @@ def start_mode(config):
     import keras
 
     from tf_resnet import runtime
-    from tf_resnet.modes import make_mode
+    from tf_resnet.distributors import make_distributor
 
     started = runtime.start(config)
     keras.utils.set_random_seed(0)
-    return make_mode(
-        started.distribution,
+    return make_distributor(
+        started.engine,
         config.optim.batch_size,
         config.distribution,
         started.devices,

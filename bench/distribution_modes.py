@@ -37,7 +37,9 @@ def modes():
     hvd = [PYTHON, "-m", "tf_resnet.launch.horovod", "--np=2", "--"]
     launcher = [PYTHON, "-m", "tf_resnet.launch.ps"]
     # It adds --distribution=multi_worker itself.
-    multi_worker = [PYTHON, "-m", "tf_resnet.launch.multi_worker", "--np=2"]
+    multi_worker = [
+        PYTHON, "-m", "tf_resnet.launch.tf_config_cluster", "--np=2"
+    ]  # fmt: skip
     return [
         ("single process", main, ["--distribution=default"]),
         ("mirrored (2 CPU devices)", main, ["--cpu_replicas=2"]),

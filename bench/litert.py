@@ -89,8 +89,9 @@ def latencies(export_dirs, images, rounds):
 
 def bench_run(name, log_root, out, args):
     """Exports one run both ways; its table rows."""
-    from tf_resnet import config as config_lib
-    from tf_resnet import litert, settings
+    from tf_resnet import litert
+    from tf_resnet.config import layers as config_lib
+    from tf_resnet.config import settings
 
     extra = []
     if args.eval_data_path:

@@ -8,7 +8,7 @@ Nodes are network namespaces on a bridge whose links are rate-shaped in
 both directions (`emulated_cluster`); each process of a job runs in its
 node's namespace, pinned to its own core, so "2 nodes" is one worker per
 node, one core each. Everything else is the project's own: each process
-runs the training step of its engine's `DistributionMode` (the loop's
+runs the training step of its engine's `Distributor` (the loop's
 `make_replica_fn`, the mode's all-reduce) on a fixed batch, started the
 way that engine's processes are (Horovod's Gloo rendezvous and
 `HOROVOD_*` variables as `horovodrun` sets them; `TF_CONFIG` for
@@ -48,7 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import emulated_cluster  # noqa: E402
 
-from tf_resnet import engines, scaling, traffic  # noqa: E402
+from tf_resnet import scaling, traffic  # noqa: E402
+from tf_resnet.config import engines  # noqa: E402
 
 RESULT = "NETWORK_SCALING_RESULT "
 # The links' rate where a job's step is to hold no network time, Mbit/s.
@@ -106,9 +107,9 @@ def run_worker(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.averaging import float_variables
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.settings import make_config
 
     size, classes = model_shape(spec["model"])
     ps = spec["flags"]["distribution"] == "parameter_server"
@@ -232,7 +233,7 @@ def run_tape_script(spec):
     each gradient (its default: one all-reduce per tensor, fused by
     Horovod's background thread as they arrive), and Keras' SGD with
     momentum. It hands Horovod the `tf.Variable`s behind the Keras ones, as
-    the engine does (`horovod_mode.tf_variables`), and the engine's cycle
+    the engine does (`horovod_ranks.tf_variables`), and the engine's cycle
     time on CPU (`set_cycle_time`). No weight decay, no metrics beyond the
     loss: a few ms less work than the engine's step.
     """
@@ -242,7 +243,7 @@ def run_tape_script(spec):
     import tensorflow as tf
 
     from tf_resnet import models
-    from tf_resnet.distribute.horovod_mode import set_cycle_time, tf_variables
+    from tf_resnet.distribute.horovod_ranks import set_cycle_time, tf_variables
 
     size, classes = model_shape(spec["model"])
     tf.config.threading.set_intra_op_parallelism_threads(1)

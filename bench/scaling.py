@@ -4,20 +4,20 @@
 
 Each configuration is a real `horovodrun --gloo` job, started by
 `tf_resnet.launch.horovod`, running the training step of
-`--distribution=horovod` (`tf_resnet.distribute.horovod_mode`: one fused
+`--distribution=horovod` (`tf_resnet.distribute.horovod_ranks`: one fused
 all-reduce of the gradients and one of the step metrics per step) on
 a fixed batch of 128 per rank (weak scaling: the global batch grows with
 the ranks, the work per rank stays the same). Jobs alternate, one of each
 per round, so load from elsewhere hits all alike; a round's sample is the
 median of its blocks. Ranks use the project's Horovod settings
-(`horovod_mode.set_cycle_time`: a 5 ms cycle on CPUs); one row keeps
+(`horovod_ranks.set_cycle_time`: a 5 ms cycle on CPUs); one row keeps
 Horovod's own 1 ms to show what that choice moved. A 1-process, 2-thread
 run without Horovod is the context row: what the same 2 cores give without
 data parallelism.
 
 `--distribution=multi_worker` (TensorFlow's MultiWorkerMirroredStrategy,
 no Horovod) runs the same step in the same rounds, 1 and 2 workers
-started by `tf_resnet.launch.multi_worker` the way the Horovod jobs are
+started by `tf_resnet.launch.tf_config_cluster` the way the Horovod jobs are
 started by `tf_resnet.launch.horovod`; each engine's 2-process rate is
 divided by its own 1-process rate. Without Horovod installed its rows
 are the only ones run.
@@ -52,8 +52,8 @@ def run_rank(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.base import TrainState
-    from tf_resnet.settings import make_config
 
     ranks = processes_in_job()
     data = common.DATA["cifar10"]
@@ -155,7 +155,7 @@ def run_job(spec, ranks, env):
     # worker ignores (its spec says so already).
     launcher = {
         "horovod": "tf_resnet.launch.horovod",
-        "multi_worker": "tf_resnet.launch.multi_worker",
+        "multi_worker": "tf_resnet.launch.tf_config_cluster",
     }.get(spec["distribution"])
     if ranks:
         command = [

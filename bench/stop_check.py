@@ -33,10 +33,10 @@ def worker():
     from tests import hvd_worker  # Registers resnet8.
 
     times = {True: [], False: []}
-    make_mode = resnet_main.make_mode
+    make_distributor = resnet_main.make_distributor
 
     def alternating_make_mode(*args, **kwargs):
-        mode = make_mode(*args, **kwargs)
+        mode = make_distributor(*args, **kwargs)
         mode.stop_check_every_steps = 1
         check = mode.any_process_stopping
         calls = {"n": 0, "last": None}
@@ -64,14 +64,14 @@ def worker():
             line = f"STOP_CHECK {medians[True]:.3f} {medians[False]:.3f}"
             print(line, file=sys.stderr, flush=True)
 
-    resnet_main.make_mode = alternating_make_mode
+    resnet_main.make_distributor = alternating_make_mode
     atexit.register(report)
     hvd_worker.main()
 
 
 def measure(engine, steps, data):
     """`[(with check ms, without ms)]` of each process of one run."""
-    launcher = "multi_worker" if engine == "multi_worker" else "horovod"
+    launcher = "tf_config_cluster" if engine == "multi_worker" else "horovod"
     with tempfile.TemporaryDirectory() as scratch:
         command = [
             sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",

@@ -62,8 +62,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import common  # noqa: E402
 
-from tf_resnet import settings  # noqa: E402
-from tf_resnet.recipes import RECIPES  # noqa: E402
+from tf_resnet.config import settings  # noqa: E402
+from tf_resnet.config.presets import RECIPES  # noqa: E402
 
 ROOT = common.ROOT
 BENCH = os.path.dirname(os.path.abspath(__file__))
@@ -71,9 +71,9 @@ BATCH = 128
 POLL_SECONDS = 0.25
 
 # The knobs both frameworks understand. Their values come from the
-# project's own recipe table (`tf_resnet.recipes.RECIPES`), so `ours:fast`
-# is exactly `resnet_main.py --recipe=fast` and `torch:fast` the same
-# recipe in PyTorch.
+# project's own recipe table (`tf_resnet.config.presets.RECIPES`), so
+# `ours:fast` is exactly `resnet_main.py --recipe=fast` and `torch:fast`
+# the same recipe in PyTorch.
 KNOBS = (
     "lr_schedule",
     "learning_rate",

@@ -132,8 +132,8 @@ def setup_ours(spec):
     import tensorflow as tf
 
     from tf_resnet import builders, train_loop
+    from tf_resnet.config.settings import make_config
     from tf_resnet.distribute import tf_strategy
-    from tf_resnet.settings import make_config
 
     _setup_tf(spec)
     data = common.DATA[spec["data"]]
@@ -146,7 +146,7 @@ def setup_ours(spec):
         weight_decay=float(spec.get("wd", 1e-4)),
         ema_decay=float(spec["ema"]),
     )
-    mode = tf_strategy.default_mode(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim.batch_size)
     model = builders.build_model(
         config, mode, common.training_split(spec["data"])
     )

@@ -122,7 +122,7 @@ for engine in $ENGINES; do
       fi
       ;;
     multi_worker)
-      run multi_worker $(launcher multi_worker) --np="$N" -- "${common[@]}" \
+      run multi_worker $(launcher tf_config_cluster) --np="$N" -- "${common[@]}" \
         --distribution=multi_worker
       if has_horovod; then
         run_horovod_once

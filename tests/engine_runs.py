@@ -1,7 +1,7 @@
 """Runs of `tests/hvd_worker.py` under the engines' launchers, compared.
 
 Multi-process runs go through `tf_resnet.launch.horovod` (Horovod ranks) or
-`tf_resnet.launch.multi_worker` (the workers of a TF_CONFIG cluster), each
+`tf_resnet.launch.tf_config_cluster` (the workers of a TF_CONFIG cluster), each
 in a loopback-only network namespace; `Spec`, `equivalence_runs` and
 `assert_same_weights` are the equivalence setup the engine tests share
 (Horovod, averaging, multi_worker, Ray, preemption, reliability, the Slurm
@@ -47,8 +47,8 @@ def worker_command(args, ranks=None, launcher="horovod"):
     """The worker's command line; as `ranks` processes if given.
 
     Ranks are started by `tf_resnet.launch.horovod` (`horovodrun` in a
-    loopback-only network namespace), or with `launcher="multi_worker"` as
-    the workers of a TF_CONFIG cluster by `tf_resnet.launch.multi_worker`
+    loopback-only network namespace), or with `launcher="tf_config_cluster"` as
+    the workers of a TF_CONFIG cluster by `tf_resnet.launch.tf_config_cluster`
     (in such a namespace too), so every multi-process test runs there.
     """
     if ranks is None:

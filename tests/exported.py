@@ -16,10 +16,11 @@ import numpy as np
 import tensorflow as tf
 
 from tests.helpers import run_main
-from tf_resnet import builders, settings
-from tf_resnet import config as config_lib
+from tf_resnet import builders
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
 from tf_resnet.data import DATASETS, preprocessing
-from tf_resnet.distribute.base import DistributionMode, TrainState
+from tf_resnet.distribute.base import Distributor, TrainState
 from tf_resnet.tta import tta_logits
 
 
@@ -81,7 +82,7 @@ class TrainingModel:
         info = types.SimpleNamespace(**self.plan)
         dtype = self._checkpoint_dtype(log_root, checkpoint)
         with _dtype_policy(dtype):
-            mode = DistributionMode(1)
+            mode = Distributor(1)
             self.model = builders.build_model(self.config, mode, info)
             ema = builders.make_ema(self.config, mode, self.model)
         state = TrainState(self.model, ema=ema)

@@ -22,7 +22,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from tf_resnet import settings
+from tf_resnet.config import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

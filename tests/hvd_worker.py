@@ -2,7 +2,7 @@
 
   horovodrun -np 2 -H localhost:2 --gloo python tests/hvd_worker.py \
       --dump_dir=DIR --distribution=horovod ...  # any resnet_main flag
-  python -m tf_resnet.launch.multi_worker --np=2 \
+  python -m tf_resnet.launch.tf_config_cluster --np=2 \
       --main=tests/hvd_worker.py -- --dump_dir=DIR ...
 
 * Registers two small models the tests need: `resnet8` (the smallest CIFAR
@@ -112,14 +112,14 @@ def observe_writes():
 
 def run(argv):
     seen = {}
-    make_mode = resnet_main.make_mode
+    make_distributor = resnet_main.make_distributor
 
     def make_observed_mode(*args, **kwargs):
-        mode = make_mode(*args, **kwargs)
+        mode = make_distributor(*args, **kwargs)
         observe_mode(mode, seen)
         return mode
 
-    resnet_main.make_mode = make_observed_mode
+    resnet_main.make_distributor = make_observed_mode
     observe_checkpoints()
     observe_writes()
     code = resnet_main.run(argv)

@@ -2,11 +2,11 @@
 
   python -m tf_resnet.launch.horovod --np=2 --main=tests/profile_step.py \
       -- OUT distribution=horovod model=resnet20 ...
-  python -m tf_resnet.launch.multi_worker --np=2 \
+  python -m tf_resnet.launch.tf_config_cluster --np=2 \
       --main=tests/profile_step.py -- OUT distribution=multi_worker ...
 
 Each process builds the model, optimizer and mode as a run does
-(`builders`, `train_loop.make_replica_fn`, `DistributionMode.make_train_step`),
+(`builders`, `train_loop.make_replica_fn`, `Distributor.make_train_step`),
 runs two steps, then `PROFILED_STEPS` steps each under TensorFlow's
 profiler. Every process writes to OUT.<pid> (JSON) the op events of those
 steps, from the profiles' XPlanes: each op's name, type, start and end in
@@ -31,9 +31,9 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 
 from tf_resnet import builders, runtime, train_loop  # noqa: E402
+from tf_resnet.config.settings import make_config  # noqa: E402
 from tf_resnet.distribute.base import TrainState  # noqa: E402
-from tf_resnet.modes import make_mode  # noqa: E402
-from tf_resnet.settings import make_config  # noqa: E402
+from tf_resnet.distributors import make_distributor  # noqa: E402
 
 # Steps profiled one by one: a step whose peer lags (a loaded machine)
 # shows this process's all-reduces waiting for it.
@@ -107,8 +107,8 @@ def main(words):
     )
     started = runtime.start(config)
     keras.utils.set_random_seed(0)
-    mode = make_mode(
-        started.distribution,
+    mode = make_distributor(
+        started.engine,
         config.optim.batch_size,
         config.distribution,
         started.devices,

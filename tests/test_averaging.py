@@ -2,7 +2,7 @@
 
 Each equivalence test runs on both engines: two Horovod ranks
 (`tf_resnet.launch.horovod`) and two workers of a TF_CONFIG cluster
-(`tf_resnet.launch.multi_worker`, TensorFlow's collectives), each launcher
+(`tf_resnet.launch.tf_config_cluster`, TensorFlow's collectives), each launcher
 in a loopback-only network namespace. Both run on the pinned set only
 (`on_one_set`; Horovod is there alone); on the newest set, averaging on
 multi_worker workers is the Ray cluster test's (`tests/test_ray.py`).
@@ -20,23 +20,23 @@ import pytest
 from tests import engine_runs
 from tests.engine_runs import Spec
 from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
-from tf_resnet import engines
+from tf_resnet.config import engines
+from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
 from tf_resnet.errors import UserInputError
-from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 ENGINES = pytest.mark.parametrize(
     "launcher",
     [
         pytest.param("horovod", marks=requires_horovod),
-        pytest.param("multi_worker", marks=[pytest.mark.slow, on_one_set]),
+        pytest.param("tf_config_cluster", marks=[pytest.mark.slow, on_one_set]),
     ],
 )
 # The synchronous reference: Horovod's own mode on its ranks; for the
 # workers, one process (which test_multi_worker shows equals them).
 SYNCHRONOUS = {
     "horovod": Spec("horovod", ranks=2, learning_rate=0.4),
-    "multi_worker": Spec("default", learning_rate=0.4),
+    "tf_config_cluster": Spec("default", learning_rate=0.4),
 }
 
 
@@ -126,7 +126,7 @@ def test_averaging_once_at_the_end_is_the_mean_of_independent_runs(launcher):
 @requires_horovod
 def test_average_every_must_be_positive():
     with pytest.raises(UserInputError, match="--average_every must be"):
-        make_mode("averaging", 128, DistributionConfig(average_every=0))
+        distributor_for("averaging", 128, DistributionConfig(average_every=0))
 
 
 def test_averaging_engine_follows_how_the_processes_were_started(
@@ -161,13 +161,14 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
     monkeypatch.setattr("sys.argv", argv)
     config = DistributionConfig(**{name: 4})
     with pytest.raises(UserInputError) as error:
-        make_mode("averaging", 128, config)
+        distributor_for("averaging", 128, config)
     message = str(error.value)
     assert "\n" not in message
     flags = (
         "-- --model=resnet20 --distribution=averaging '--log_root=/tmp/my run'"
     )
-    assert f"python -m tf_resnet.launch.multi_worker --np=4 {flags}" in message
+    launcher = "tf_resnet.launch.tf_config_cluster"
+    assert f"python -m {launcher} --np=4 {flags}" in message
     if HAS_HOROVOD:
         assert f"python -m tf_resnet.launch.horovod --np=4 {flags}" in message
     assert devices not in message
@@ -178,7 +179,7 @@ def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
         2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
     )
     assert command == (
-        "python -m tf_resnet.launch.multi_worker --np=2 "
+        "python -m tf_resnet.launch.tf_config_cluster --np=2 "
         "--main=tests/hvd_worker.py -- --model=resnet8 "
         "--distribution=averaging"
     )

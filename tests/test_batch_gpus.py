@@ -26,8 +26,9 @@ import pytest
 from absl import flags
 
 from tests.helpers import IN_PRIVATE_NETWORK, ROOT
-from tf_resnet import detect, devices, engines
-from tf_resnet import flags as resnet_flags
+from tf_resnet import detect, devices
+from tf_resnet.config import engines
+from tf_resnet.config import flags as resnet_flags
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 # Variables a recorded process keeps: the launchers' and schedulers'.
@@ -220,7 +221,13 @@ def planned(record, gpus, monkeypatch):
         *detect.local_process(dist.task_index),
     )
     job = detect.server_job(dist.job_name)
-    plan = devices.plan(engine, dist.num_gpus, dist.cpu_replicas, node, job)
+    plan = devices.plan(
+        engines.devices_rule(engine),
+        dist.num_gpus,
+        dist.cpu_replicas,
+        node,
+        job,
+    )
     computes = not (engine == "parameter_server" and job != "worker")
     return record["env"].get("FAKE_NODE", "batch"), computes, plan
 

@@ -48,7 +48,7 @@ def launch(launcher, launcher_flags, log_root, *flags):
 
 @on_newest_set  # A launcher's plan (tests/helpers.py).
 def test_under_the_multi_worker_launcher(tmp_path):
-    reports = launch("multi_worker", ["--np=2"], tmp_path / "run")
+    reports = launch("tf_config_cluster", ["--np=2"], tmp_path / "run")
     assert len(reports) == 2, reports
     assert sorted(r.splitlines()[0] for r in reports) == [
         "process 0 of 2 on this node (the launcher)",
@@ -113,11 +113,12 @@ def test_a_single_process_needs_no_launcher(tmp_path):
 SAME_AS_THE_MODE = """
 import json, sys
 import tf_resnet
-from tf_resnet import dry_run, runtime, settings
-from tf_resnet.modes import make_mode
+from tf_resnet import dry_run, runtime
+from tf_resnet.config import settings
+from tf_resnet.distributors import make_distributor
 config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)
-mode = make_mode(started.distribution, config.optim.batch_size,
+mode = make_distributor(started.engine, config.optim.batch_size,
                  config.distribution, started.devices)
 in_sync, per_update, _ = dry_run.replicas(config, started)
 print(json.dumps([in_sync, per_update, mode.num_replicas,

@@ -162,10 +162,10 @@ def test_bad_decay_and_mismatched_model():
 MIRRORED = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import ema as ema_lib, runtime, train_loop
-from tf_resnet.settings import make_config
-from tf_resnet.modes import make_mode
+from tf_resnet.config.settings import make_config
+from tf_resnet.distributors import distributor_for
 from tf_resnet.models import cifar_resnet
-mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))
+mode = distributor_for("mirrored", 16, devices=runtime.configure_devices(0, 2))
 keras.utils.set_random_seed(0)
 with mode.scope():
     model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))

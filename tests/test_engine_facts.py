@@ -11,7 +11,7 @@ import ast
 import pathlib
 
 from tests.helpers import ROOT
-from tf_resnet import engines
+from tf_resnet.config import engines
 
 PACKAGE = pathlib.Path(ROOT) / "tf_resnet"
 # Besides `engines.py`, the modules an engine's name may be tested in: its
@@ -19,10 +19,13 @@ PACKAGE = pathlib.Path(ROOT) / "tf_resnet"
 OWN_MODULES = {
     "default": {"distribute/tf_strategy.py"},
     "mirrored": {"distribute/tf_strategy.py"},
-    "horovod": {"distribute/horovod_mode.py", "launch/horovod.py"},
+    "horovod": {"distribute/horovod_ranks.py", "launch/horovod.py"},
     "averaging": {"distribute/averaging.py"},
     "parameter_server": {"distribute/parameter_server.py", "launch/ps.py"},
-    "multi_worker": {"distribute/multi_worker.py", "launch/multi_worker.py"},
+    "multi_worker": {
+        "distribute/multi_worker.py",
+        "launch/tf_config_cluster.py",
+    },
 }
 # What launchers and schedulers set for the processes they start.
 LAUNCH_VARIABLES = (
@@ -65,7 +68,7 @@ def engine_names_in_conditions(relative, tree):
         for operand in operands:
             for name in _strings(operand):
                 if name in engines.ENGINES and relative not in (
-                    {"engines.py"} | OWN_MODULES[name]
+                    {"config/engines.py"} | OWN_MODULES[name]
                 ):
                     found.append((node.lineno, name))
     return found
@@ -124,7 +127,7 @@ def test_the_check_sees_a_name_in_a_condition():
         (1, "multi_worker"),
         (1, "averaging"),
     ]
-    assert engine_names_in_conditions("launch/multi_worker.py", tree) == [
+    assert engine_names_in_conditions("launch/tf_config_cluster.py", tree) == [
         (1, "averaging")
     ]
 

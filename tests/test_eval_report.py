@@ -24,12 +24,11 @@ from tf_resnet import (
     builders,
     eval_report,
     evaluation,
-    settings,
     summaries,
     train_loop,
-    validation,
 )
-from tf_resnet import config as config_lib
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings, validation
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.distribute.base import TrainState
 
@@ -105,7 +104,7 @@ def evaluated(tmp_path_factory):
     os.makedirs(cfg.run.log_root)
     plan = builders.RunPlan(100, 10, 100, 10, 10, 0, 10, 32, NAMES)
     config_lib.save(cfg, plan, summaries.atomic_write)  # Names the classes.
-    mode = tf_strategy.default_mode(cfg.optim.batch_size)
+    mode = tf_strategy.default_distributor(cfg.optim.batch_size)
     evaluator = evaluation.Evaluator(cfg, mode, TrainState(channel_model()))
     result = evaluator(7, 0.7)
     evaluator.close()
@@ -338,7 +337,7 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
         keep_checkpoints=1,
         dtype="float32",
     )
-    mode = tf_strategy.default_mode(16)
+    mode = tf_strategy.default_distributor(16)
     train_loop.train(settings.make_config(**values), mode)
     next_run = settings.make_config(**{**values, "train_steps": 3})
     checkpoint_paths = evaluation._checkpoint_paths

@@ -22,9 +22,9 @@ from tests.helpers import (
     run_main,
     run_python,
 )
+from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
 from tf_resnet.errors import UserInputError
-from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 make_synthetic_cifar = load_data_script("make_synthetic_cifar")
 
@@ -222,12 +222,12 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
 HOROVOD_KNOBS = """
 import os, sys
 import tensorflow as tf
-from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
+from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(
     gradient_compression=sys.argv[1], all_reduce_pack_bytes=int(sys.argv[2])
 )
-mode = make_mode("horovod", 8, dist)  # A rank of its own (size 1).
+mode = distributor_for("horovod", 8, dist)  # A rank of its own (size 1).
 # float16 rounds 1 + 2**-12 to 1 and 2**-30 to 0.
 (grad,) = mode.all_reduce_gradients([tf.constant([1 + 2**-12, 2**-30])])
 print(grad.dtype.name, *grad.numpy().tolist(),
@@ -255,7 +255,7 @@ def test_gradient_compression_and_fusion_threshold_reach_horovod():
 
 def test_one_device_per_rank():
     with pytest.raises(UserInputError, match="one device per process"):
-        make_mode("horovod", 128, DistributionConfig(cpu_replicas=2))
+        distributor_for("horovod", 128, DistributionConfig(cpu_replicas=2))
 
 
 def test_sync_bn_is_refused_under_horovod():

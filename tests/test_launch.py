@@ -35,7 +35,7 @@ def test_launchers_import_only_the_standard_library_and_start_no_thread():
 import json, os, sys
 before = set(sys.modules)
 import tf_resnet.launch.horovod, tf_resnet.launch.ps
-import tf_resnet.launch.multi_worker
+import tf_resnet.launch.tf_config_cluster
 added = {name.split(".")[0] for name in set(sys.modules) - before}
 print(json.dumps({
     "outside_stdlib": sorted(added - set(sys.stdlib_module_names)),

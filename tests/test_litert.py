@@ -23,7 +23,8 @@ from PIL import Image
 
 from tests import exported
 from tests.helpers import ON_PINNED_SET, ROOT, on_newest_set
-from tf_resnet import export, litert, predict, settings, validation
+from tf_resnet import export, litert, predict
+from tf_resnet.config import settings, validation
 from tf_resnet.errors import UserInputError
 
 # Top-1 agreement with the SavedModel, and the largest probability

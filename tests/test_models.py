@@ -5,7 +5,8 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import on_newest_set
-from tf_resnet import model_families, models, settings, validation
+from tf_resnet import models
+from tf_resnet.config import families, settings, validation
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import build_model, pretrained
 
@@ -51,7 +52,7 @@ def test_any_input_size_and_unknown_name():
 
 
 def test_one_table_names_the_models_and_what_each_family_takes():
-    assert set(models.MODELS) == set(model_families.VARIANTS)
+    assert set(models.MODELS) == set(families.VARIANTS)
     assert pretrained.TORCHVISION_MODELS == ("resnet18", "resnet34", "resnet50")
     config = settings.make_config(
         stem="cifar", train_data_path="x", eval_data_path="y"

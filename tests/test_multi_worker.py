@@ -1,7 +1,8 @@
 """`--distribution=multi_worker` on two real worker processes over loopback.
 
-The training tests start the workers through `tf_resnet.launch.multi_worker`
-(a loopback-only network namespace, `TF_CONFIG` per worker) running
+The training tests start the workers through
+`tf_resnet.launch.tf_config_cluster` (a loopback-only network namespace,
+`TF_CONFIG` per worker) running
 `tests/hvd_worker.py`, which is `resnet_main.py` plus small models and
 dumps of each worker's weights. The test of a lost peer starts the two
 workers itself, in a namespace of its own, to watch the survivor alone.
@@ -34,10 +35,11 @@ from tests.helpers import (
     resnet8_flags,
     run_python,
 )
-from tf_resnet import detect, engines, log_root_lock, settings, validation
+from tf_resnet import detect, log_root_lock
+from tf_resnet.config import engines, settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.errors import UserInputError
-from tf_resnet.launch import multi_worker as launcher
+from tf_resnet.launch import tf_config_cluster as launcher
 
 WORKER = engine_runs.WORKER
 
@@ -46,7 +48,7 @@ def launch(dump_dir, flags, workers=2, **env):
     """Starts the launcher (`env`: variables for it and its workers)."""
     os.makedirs(dump_dir, exist_ok=True)
     command = [
-        sys.executable, "-m", "tf_resnet.launch.multi_worker",
+        sys.executable, "-m", "tf_resnet.launch.tf_config_cluster",
         f"--np={workers}", f"--main={WORKER}", "--",
         f"--dump_dir={dump_dir}", *flags,
     ]  # fmt: skip
@@ -69,7 +71,7 @@ def test_two_workers_train_exactly_like_one_process():
     # Horovod and averaging tests compare with too, trained once per pytest
     # worker (engine_runs caches it).
     single, cluster = engine_runs.equivalence_runs(
-        Spec("default"), Spec("multi_worker", 2, launcher="multi_worker")
+        Spec("default"), Spec("multi_worker", 2, launcher="tf_config_cluster")
     )
     expected = single.weights()
     worker0, worker1 = cluster.weights(0), cluster.weights(1)
@@ -87,7 +89,7 @@ def test_packing_changes_nothing_and_float16_gradients_stay_close():
     # Beside the equivalence run above, whose two-worker run it reuses.
     plain, packed, compressed = engine_runs.equivalence_runs(
         *(
-            Spec("multi_worker", 2, extra=extra, launcher="multi_worker")
+            Spec("multi_worker", 2, extra=extra, launcher="tf_config_cluster")
             for extra in (
                 (),
                 ("--all_reduce_pack_bytes=64",),
@@ -123,7 +125,7 @@ def test_packs_overlapped_sum_as_one_pack(knob):
     overlapped, one_pack = engine_runs.equivalence_runs(
         *(
             Spec("multi_worker", 2, extra=(*extra, *knob),
-                 launcher="multi_worker")
+                 launcher="tf_config_cluster")
             for extra in (
                 ("--all_reduce_pack_bytes=64",),
                 ("--nooverlap_all_reduce",),
@@ -143,10 +145,10 @@ def test_packs_overlapped_sum_as_one_pack(knob):
 MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime
-from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
+from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(gradient_compression="fp16")
-mode = make_mode("mirrored", 2, dist, runtime.configure_devices(0, 2))
+mode = distributor_for("mirrored", 2, dist, runtime.configure_devices(0, 2))
 # Each replica's gradient: float16 rounds 1 + 2**-12 to 1, 2**-30 to 0.
 grad = tf.constant([1 + 2**-12, 2**-30])
 for compressed in (False, True):
@@ -240,11 +242,11 @@ def test_bn_statistics_agree_and_a_second_run_resumes(
 SURVIVOR = """
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from tf_resnet.launch import multi_worker, private_network
+from tf_resnet.launch import private_network, tf_config_cluster
 private_network.enter_private_network()
 sig, dump_dir, flags = getattr(signal, sys.argv[2]), sys.argv[3], sys.argv[4:]
 main = os.path.join(sys.argv[1], "tests", "hvd_worker.py")
-commands = multi_worker.worker_commands(
+commands = tf_config_cluster.worker_commands(
     main, [f"--dump_dir={dump_dir}", *flags], 2
 )
 workers = [subprocess.Popen(c, env=e) for c, e in commands.values()]
@@ -315,7 +317,7 @@ def test_a_refused_run_is_said_by_every_worker_not_as_a_lost_task(
     assert (
         output.strip()
         .splitlines()[-1]
-        .startswith("launch.multi_worker: worker 0 at ")
+        .startswith("launch.tf_config_cluster: worker 0 at ")
     ), output[-3000:]
 
 

@@ -21,9 +21,10 @@ import sys
 import pytest
 
 from tests.helpers import ROOT, requires_horovod
-from tf_resnet import dry_run, engines
+from tf_resnet import dry_run
+from tf_resnet.config import engines
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distribute import buckets
-from tf_resnet.settings import DistributionConfig
 
 PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
 UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
@@ -33,7 +34,7 @@ def profile(tmp_path, engine, *settings):
     """Each process's profiled steps and its start line's words."""
     name = "-".join(settings).replace("=", "_")
     out = tmp_path / f"{engine}-{name}.json"
-    launcher = "horovod" if engine == "horovod" else "multi_worker"
+    launcher = "horovod" if engine == "horovod" else "tf_config_cluster"
     command = [
         sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",
         f"--main={PROFILE_STEP}", "--", str(out), f"distribution={engine}",

@@ -18,10 +18,10 @@ import tensorflow as tf
 
 from tests.helpers import ROOT, requires_horovod, run_python
 from tf_resnet import builders, runtime, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.models import blocks, cifar_resnet
 from tf_resnet.models.fused_batch_norm import FusedBatchNormalization
-from tf_resnet.settings import make_config
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def tiny_training(config, steps=4, image_size=8):
     Returns the per-step mean losses and the optimizer.
     """
     keras.utils.set_random_seed(0)
-    mode = tf_strategy.default_mode(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (image_size, image_size, 3))
     rate = 0.1 * 128 / config.optim.batch_size  # 0.1 after linear scaling.
     config = dataclasses.replace(
@@ -232,8 +232,8 @@ def test_thread_and_horovod_settings_reach_tensorflow():
     script = (
         "import os, sys\n"
         "from tf_resnet import runtime\n"
-        "from tf_resnet.settings import make_config\n"
-        "from tf_resnet.modes import make_mode\n"
+        "from tf_resnet.config.settings import make_config\n"
+        "from tf_resnet.distributors import distributor_for\n"
         "import tensorflow as tf\n"
         "values = dict(a[2:].split('=') for a in sys.argv[1:])\n"
         "config = make_config(\n"
@@ -241,7 +241,7 @@ def test_thread_and_horovod_settings_reach_tensorflow():
         "    inter_op_threads=int(values.get('inter_op_threads', 0)),\n"
         "    dtype=values.get('dtype', 'auto'))\n"
         "started = runtime.start(config)\n"
-        "mode = make_mode('horovod', 8)  # A rank of its own (size 1).\n"
+        "mode = distributor_for('horovod', 8)  # A rank of its own (size 1).\n"
         "print(tf.config.threading.get_intra_op_parallelism_threads(),\n"
         "      tf.config.threading.get_inter_op_parallelism_threads(),\n"
         "      started.dtype_policy, os.environ['HOROVOD_CYCLE_TIME'])\n"
@@ -277,7 +277,7 @@ def test_weight_decay_gradient_equals_the_l2_penalty(loss_scaling):
     differentiating the penalty: the update must be the same."""
     keras.utils.set_random_seed(0)
     config = make_config(batch_size=8, weight_decay=0.05)
-    mode = tf_strategy.default_mode(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))
     optimizer = keras.optimizers.SGD(1.0)  # Update = -gradient.
     if loss_scaling:
@@ -309,10 +309,10 @@ MIRRORED_XLA = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
 from tf_resnet import runtime
-from tf_resnet.settings import make_config
-from tf_resnet.modes import make_mode
+from tf_resnet.config.settings import make_config
+from tf_resnet.distributors import distributor_for
 from tf_resnet.models import blocks, cifar_resnet
-mode = make_mode("mirrored", 16, devices=runtime.configure_devices(0, 2))
+mode = distributor_for("mirrored", 16, devices=runtime.configure_devices(0, 2))
 rng = np.random.default_rng(0)
 batch = (rng.normal(size=(16, 8, 8, 3)).astype(np.float32),
          rng.integers(0, 10, 16).astype(np.int32))

@@ -2,12 +2,12 @@
 
 Slurm preempts or requeues a job by sending SIGTERM to every process of it
 at about the same time. Each process agrees with its peers, at steps all of
-them know, whether any got one (`DistributionMode.any_process_stopping`),
+them know, whether any got one (`Distributor.any_process_stopping`),
 so all stop at one step, the chief writes that step's checkpoint, and all
 exit with the stop signal's code; a rerun resumes there.
 
 The multi_worker runs start their two workers themselves (in a
-loopback-only network namespace, as `tf_resnet.launch.multi_worker` does)
+loopback-only network namespace, as `tf_resnet.launch.tf_config_cluster` does)
 to see each worker's exit code and log apart. The runs of one test start
 side by side: the CI machine has 2 cores, and start-up is most of a run.
 They run once: the Horovod ones on the pinned set (`on_one_set`), the
@@ -43,11 +43,11 @@ STOPPED = r"stopped: (SIGTERM|stop requested by another process) at step (\d+)"
 CLUSTER = """
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from tf_resnet.launch import multi_worker, private_network
+from tf_resnet.launch import private_network, tf_config_cluster
 private_network.enter_private_network()
 spec = json.loads(sys.argv[2])
 main = os.path.join(sys.argv[1], "tests", "hvd_worker.py")
-commands = multi_worker.worker_commands(main, spec["flags"], 2)
+commands = tf_config_cluster.worker_commands(main, spec["flags"], 2)
 workers = []
 for index, (command, env) in enumerate(commands.values()):
     with open(os.path.join(spec["out"], f"worker{index}.txt"), "w") as out:
@@ -268,7 +268,8 @@ class Killed:
         self.dump_dir = self.folder / "dump"
         self.dump_dir.mkdir(parents=True)
         self.command = [
-            sys.executable, "-m", "tf_resnet.launch.multi_worker", "--np=2",
+            sys.executable, "-m", "tf_resnet.launch.tf_config_cluster",
+            "--np=2",
             f"--main={WORKER}", "--",
             *train_flags(synthetic_cifar, self.log_root, self.dump_dir),
         ]  # fmt: skip
@@ -326,7 +327,7 @@ def test_the_launcher_names_a_killed_worker_and_a_rerun_resumes(
     assert code == 128 + signal.SIGKILL, output[-3000:]
     last = output.strip().splitlines()[-1]
     assert re.fullmatch(
-        r"launch\.multi_worker: worker 1 at \S+ exited with code 137 "
+        r"launch\.tf_config_cluster: worker 1 at \S+ exited with code 137 "
         r"\(SIGKILL\): rerun the same command to resume from the latest "
         rf"checkpoint in --log_root={killed.log_root} \(or from the start if "
         r"there is none\)",

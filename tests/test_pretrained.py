@@ -9,12 +9,13 @@ import tensorflow as tf
 
 from tests.data_files import state_dict_of, write_cifar_records
 from tests.helpers import flag_values, on_one_set, run_main
-from tf_resnet import config as config_lib
-from tf_resnet import param_groups, settings, train_loop
+from tf_resnet import param_groups, train_loop
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import base, tf_strategy
 from tf_resnet.errors import UserInputError
 from tf_resnet.models import build_model, pretrained
-from tf_resnet.settings import make_config
 
 try:
     import torch
@@ -279,7 +280,9 @@ def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
         train_steps=6,
         checkpoint_every_steps=4,
     )
-    train_loop.train(config, tf_strategy.default_mode(config.optim.batch_size))
+    train_loop.train(
+        config, tf_strategy.default_distributor(config.optim.batch_size)
+    )
 
     def restored(step):
         model = build_model("resnet18", 10, (32, 32, 3), stem="cifar")
@@ -313,7 +316,7 @@ def test_lr_multipliers_scale_backbone_and_head_updates(backbone, head):
     rng = np.random.default_rng(0)
     images = rng.normal(size=(4, 8, 8, 3)).astype(np.float32)
     labels = np.array([0, 1, 2, 1], np.int32)
-    mode = base.DistributionMode(4)
+    mode = base.Distributor(4)
 
     def update(**multipliers):
         for variable, value in zip(

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import flag_values, on_newest_set, run_main, train_args
-from tf_resnet import config as config_lib
-from tf_resnet import recipes, settings
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import presets, settings
 
 
 def _sums(log_root):
@@ -61,7 +61,7 @@ def test_the_paper_recipe_trains_exactly_as_before(synthetic_cifar, tmp_path):
 def test_recipe_sets_its_knobs_and_explicit_flags_win(tmp_path):
     values = flag_values(tmp_path)
     fast = config_lib.resolve({**values, "recipe": "fast"}, {"recipe"})
-    for name, value in recipes.RECIPES["fast"].items():
+    for name, value in presets.RECIPES["fast"].items():
         assert settings.flatten(fast)[name] == value, name
     tuned = config_lib.resolve(
         {**values, "recipe": "fast", "learning_rate": 0.2},
@@ -88,8 +88,8 @@ def test_course_presets_train_with_the_fast_recipe(tmp_path, preset):
         config_lib.resolve({**values, "preset": preset}, set())
     )
     assert flat["recipe"] == "fast"
-    own = recipes.PRESETS[preset]
-    for name, value in recipes.RECIPES["fast"].items():
+    own = presets.PRESETS[preset]
+    for name, value in presets.RECIPES["fast"].items():
         assert flat[name] == own.get(name, value), name
     # --recipe=paper under a preset: the paper's knobs, the preset's task.
     paper = settings.flatten(

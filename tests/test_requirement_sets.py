@@ -20,9 +20,9 @@ from tests.helpers import (
     on_newest_set,
     on_one_set,
 )
+from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.distributors import distributor_for
 from tf_resnet.errors import UserInputError
-from tf_resnet.modes import make_mode
-from tf_resnet.settings import DistributionConfig
 
 
 def _pins(name):
@@ -62,4 +62,4 @@ def test_one_set_tests_run_on_the_pinned_set_and_skip_on_the_newest():
 @pytest.mark.parametrize("distribution", ["horovod", "averaging"])
 def test_horovod_modes_without_horovod_are_one_clear_error(distribution):
     with pytest.raises(UserInputError, match="needs Horovod.*requirements"):
-        make_mode(distribution, 8, DistributionConfig())
+        distributor_for(distribution, 8, DistributionConfig())

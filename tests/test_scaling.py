@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from tests import helpers
-from tf_resnet import engines, scaling, traffic
+from tf_resnet import scaling, traffic
+from tf_resnet.config import engines
 
 MB = 1e6
 

@@ -9,8 +9,10 @@ import textwrap
 import pytest
 from absl import flags
 
-from tf_resnet import data, engines, modes, schema, settings, validation
-from tf_resnet import flags as resnet_flags
+from tests.helpers import run_python
+from tf_resnet import data, distributors
+from tf_resnet.config import engines, schema, settings, validation
+from tf_resnet.config import flags as resnet_flags
 from tf_resnet.errors import UserInputError
 
 # The flags of the original tensorflow/models resnet_main.py and of the Ray
@@ -178,7 +180,7 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
         "horovod",
         "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
     )
-    assert engines.processes_in_sync("horovod") == 2
+    assert engines.processes_in_sync(engines.get("horovod")) == 2
     with pytest.raises(UserInputError, match="srun --mpi=none"):
         engines.resolve("multi_worker")
     monkeypatch.delenv("PMIX_RANK")
@@ -230,7 +232,7 @@ def test_all_reduce_knobs_are_refused_by_engines_that_do_not_take_them():
     # `auto` on one device is `default`, refused when its mode is made.
     one_device = settings.DistributionConfig(gradient_compression="fp16")
     with pytest.raises(UserInputError, match="--distribution=default has"):
-        modes.make_mode("auto", 16, one_device)
+        distributors.distributor_for("auto", 16, one_device)
 
 
 def test_synchronised_bn_is_refused_with_micro_batches():
@@ -249,3 +251,14 @@ def test_every_input_knob_is_a_data_setting_the_pipeline_is_given():
     options = data.input_options(settings.make_config(**knobs), seed=3)
     for name, value in {**knobs, "seed": 3}.items():
         assert getattr(options, name) == value, name
+
+
+def test_the_config_package_loads_without_tensorflow():
+    code = (
+        "import sys, pkgutil, importlib, tf_resnet.config as package\n"
+        "for module in pkgutil.iter_modules(package.__path__):\n"
+        "    importlib.import_module(f'tf_resnet.config.{module.name}')\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in "
+        "('tensorflow', 'keras')))\n"
+    )
+    assert run_python(code).strip() == "[]"

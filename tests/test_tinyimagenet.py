@@ -9,10 +9,10 @@ import tensorflow as tf
 from tests.data_files import WNIDS, write_jpeg, write_tiny_imagenet
 from tests.helpers import all_batches, run_main
 from tf_resnet import data, summaries, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.data import tinyimagenet
 from tf_resnet.distribute import tf_strategy
 from tf_resnet.errors import DataError, UserInputError
-from tf_resnet.settings import make_config
 
 
 @pytest.fixture()
@@ -208,7 +208,7 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path, monkeypatch):
         log_every_steps=1,
     )
     result = train_loop.train(
-        config, tf_strategy.default_mode(config.optim.batch_size)
+        config, tf_strategy.default_distributor(config.optim.batch_size)
     )
     assert result["step"] == 2
     assert result["examples"] == 6  # The whole validation split.

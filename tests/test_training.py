@@ -20,8 +20,8 @@ from tests.helpers import (
     scalars,
 )
 from tf_resnet import builders, summaries, train_loop
+from tf_resnet.config.settings import make_config
 from tf_resnet.distribute import tf_strategy
-from tf_resnet.settings import make_config
 
 
 def config(synthetic, log_root, **overrides):
@@ -54,7 +54,7 @@ def trained(synthetic_cifar, tmp_path_factory):
         eval_every_steps=40,
     )
     result = train_loop.train(
-        cfg, tf_strategy.default_mode(cfg.optim.batch_size)
+        cfg, tf_strategy.default_distributor(cfg.optim.batch_size)
     )
     return cfg, result
 
@@ -130,7 +130,7 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
         eval_batch_count=1,
     )
     train_loop.train(
-        straight, tf_strategy.default_mode(straight.optim.batch_size)
+        straight, tf_strategy.default_distributor(straight.optim.batch_size)
     )
     pieces = config(
         synthetic_cifar,
@@ -142,7 +142,7 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
     )
     steps = [
         train_loop.train(
-            pieces, tf_strategy.default_mode(pieces.optim.batch_size)
+            pieces, tf_strategy.default_distributor(pieces.optim.batch_size)
         )["step"]
         for _ in range(3)
     ]
@@ -218,7 +218,7 @@ def micro_batch_training(accumulate_steps, xla=False, steps=3):
         learning_rate=0.8,
         weight_decay=0.01,
     )
-    mode = tf_strategy.default_mode(cfg.optim.batch_size)
+    mode = tf_strategy.default_distributor(cfg.optim.batch_size)
     model = keras.Sequential(
         [
             keras.Input((8, 8, 3)),

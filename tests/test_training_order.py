@@ -17,8 +17,8 @@ import pytest
 
 from tests.data_files import write_py2_pickle
 from tests.helpers import load_data_script
-from tf_resnet import config as config_lib
-from tf_resnet import settings
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
 from tf_resnet.data import DATASETS, InputOptions, open_split, pipeline
 
 CLASSES, PER_CLASS = 100, 120  # CIFAR-100 files sorted by label.

@@ -3,7 +3,7 @@
 One place builds each, so training, the `--mode=eval` job, export and the
 benchmarks run the same model with the same optimizer: `plan_run` derives
 the step counts from the training split, `build_model` and
-`build_optimizer` make the model and SGD with its schedule in the mode's
+`build_optimizer` make the model and SGD with its schedule in the distributor's
 scope, `make_ema` the moving average a recipe may keep.
 """
 
@@ -64,14 +64,14 @@ def plan_run(config, split):
     )
 
 
-def build_model(config, mode, info):
-    """The model of the config, in the mode's scope.
+def build_model(config, distributor, info):
+    """The model of the config, in the distributor's scope.
 
     `info` tells the class count and native image size: an opened
     `data.Split` (classes can come from the files) or `data.DATASETS` facts.
     """
     size = config.data.image_size or info.image_size
-    with mode.scope():
+    with distributor.scope():
         return models.build_model(
             config.model.model,
             info.num_classes,
@@ -81,11 +81,11 @@ def build_model(config, mode, info):
         )
 
 
-def build_optimizer(config, mode, model, total_steps, warmup_steps=0):
-    """SGD with the run's schedule and its slots, in the mode's scope."""
+def build_optimizer(config, distributor, model, total_steps, warmup_steps=0):
+    """SGD with the run's schedule and its slots, in the distributor's scope."""
     optim = config.optim
-    update_batch = mode.replica_batch * mode.replicas_per_update
-    with mode.scope():
+    update_batch = distributor.replica_batch * distributor.replicas_per_update
+    with distributor.scope():
         schedule = schedules.make_schedule(
             optim.learning_rate,
             update_batch,
@@ -103,7 +103,7 @@ def build_optimizer(config, mode, model, total_steps, warmup_steps=0):
             # float16 gradients underflow without loss scaling (GPU path).
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
         optimizer.build(model.trainable_variables)
-        mode.prepare_optimizer(optimizer)
+        distributor.prepare_optimizer(optimizer)
     return optimizer
 
 
@@ -112,10 +112,10 @@ def decayed_variables(model):
     return [v for v in model.trainable_variables if v.path.endswith("kernel")]
 
 
-def make_ema(config, mode, model):
+def make_ema(config, distributor, model):
     """The moving average of the model's weights, if the recipe has one."""
     if not config.optim.ema_decay:
         return None
     return ExponentialMovingAverage(
-        model, config.optim.ema_decay, scope=mode.scope()
+        model, config.optim.ema_decay, scope=distributor.scope()
     )

@@ -27,9 +27,9 @@ def first_line(error):
 class RunCheckpoints:
     """Saves and restores the model and optimizer of a run in `log_root`."""
 
-    def __init__(self, log_root, keep, mode, state):
+    def __init__(self, log_root, keep, distributor, state):
         self.log_root = log_root
-        self.mode = mode
+        self.distributor = distributor
         self.state = state
         self.checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
         self.manager = tf.train.CheckpointManager(
@@ -92,8 +92,8 @@ class RunCheckpoints:
           StorageError: the disk refused it; names the latest complete one.
           tf.errors.UnavailableError: a task of the cluster is gone.
         """
-        self.mode.synchronize(self.state)
-        directory = self.mode.checkpoint_dir(self.log_root)
+        self.distributor.synchronize(self.state)
+        directory = self.distributor.checkpoint_dir(self.log_root)
         if directory is None:
             return
         if directory != self.log_root:  # Takes part, but is not kept.

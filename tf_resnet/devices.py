@@ -7,7 +7,8 @@ workers sharing 2 GPUs, `CUDA_VISIBLE_DEVICES=3,5`, Slurm's variables) is
 tested as a table on any machine; `runtime.apply_plan` is the one small
 step that hands it to TensorFlow.
 
-Each engine names its rule in its entry (`engines.Devices`):
+Each engine names its rule in its entry (`engines.Devices`), and start-up
+hands the rule of the engine it resolved to `plan`:
 
 * `ASKED` (one process): the `--num_gpus` first GPUs, none with
   `--num_gpus=0` (the original example's flag: the CPU, split into
@@ -25,8 +26,7 @@ Imports no TensorFlow.
 
 import dataclasses
 
-from tf_resnet import engines
-from tf_resnet.engines import Devices
+from tf_resnet.config.engines import Devices
 from tf_resnet.errors import UserInputError
 
 
@@ -94,12 +94,12 @@ def _gpus(node, indices, why):
     return Plan(indices, 1, tuple(node.gpu_ids[i] for i in indices), why)
 
 
-def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
-    """The devices of one process of `engine` on `node`.
+def plan(rule, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
+    """The devices of one process on `node`, by its engine's `rule`.
 
     Args:
-      engine: the resolved `--distribution` (`auto` counts as one process:
-        its rule is that of the engines it falls back to).
+      rule: the engine's `Devices` (`engines.devices_rule`: `auto` counts
+        as one process, the rule of the engines it falls back to).
       num_gpus: `--num_gpus` (0: as the engine's rule says).
       cpu_replicas: `--cpu_replicas`.
       node: what the process sees (`Node`).
@@ -119,7 +119,6 @@ def plan(engine, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
             f"--num_gpus={num_gpus} but {visible} GPU(s) are visible to "
             "TensorFlow"
         )
-    rule = engines.devices_rule(engine)
     if rule is Devices.WORKER_TASKS and server_job != "worker":
         role = f"{server_job} task" if server_job else "coordinator"
         return Plan(why=f"a parameter-server {role} computes nothing")

@@ -4,20 +4,21 @@ Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
 batch (and its micro-batches), the learning rate after scaling, the dtype
 policy and the gradient all-reduce's knobs when set. Nothing is read,
-built or written. The numbers follow the modes' own definitions
-(`base.DistributionMode`: a step splits the global batch over every
+built or written. The numbers follow the distributors' own definitions
+(`base.Distributor`: a step splits the global batch over every
 replica in sync; an update sums the gradients of `replicas_per_update`
-replicas), which `tests/test_dry_run.py` holds against real modes.
+replicas), which `tests/test_dry_run.py` holds against real ones.
 """
 
-from tf_resnet import detect, engines, schedules, traffic
+from tf_resnet import detect, schedules, traffic
+from tf_resnet.config import engines
 
 
 def replicas(config, started):
     """`(replicas in sync, replicas per update, processes)` of one step."""
-    engine = _engine(started)
+    engine = started.engine
     processes = engines.processes_in_sync(
-        engine.name, config.distribution.worker_hosts
+        engine, config.distribution.worker_hosts
     )
     local = started.plan.replicas
     if engine.asynchronous:  # A step is one worker's.
@@ -27,23 +28,17 @@ def replicas(config, started):
     return in_sync, per_update, processes
 
 
-def _engine(started):
-    """The engine of the process: `auto` falls back by its devices."""
-    return engines.running(started.distribution, started.plan.replicas)
-
-
 def report(config, started):
     """The lines `--dry_run` prints for this process.
 
     Raises:
       UserInputError: a global batch the replicas (or a replica's batch
-        the micro-batches) cannot split, or an all-reduce knob the engine
-        does not take, as making the mode and training would.
+        the micro-batches) cannot split, as training would. (Start-up
+        checked the settings against the engine.)
     """
     dist, optim = config.distribution, config.optim
     in_sync, per_update, processes = replicas(config, started)
-    engine = _engine(started)
-    engines.check_settings(engine, dist)
+    engine = started.engine
     replica_batch = schedules.split_batch(
         optim.batch_size, in_sync, engine.name
     )
@@ -52,7 +47,7 @@ def report(config, started):
     rank, size, source = detect.local_process(dist.task_index)
     role = detect.server_job(dist.job_name)
     reason = started.reason
-    if started.distribution == engines.AUTO:
+    if started.by_devices:
         reason = f"auto: {reason} with {started.plan.replicas} device(s)"
     return "\n".join(
         [

@@ -12,7 +12,7 @@ distribution scope when one is given, and tracked by name (the Keras
 variable path), so `tf.train.Checkpoint(model=..., ema=ema)` saves and
 restores them with the model. Typical use:
 
-    ema = ExponentialMovingAverage(model, 0.999, scope=mode.scope())
+    ema = ExponentialMovingAverage(model, 0.999, scope=distributor.scope())
     ...in the train step, after `apply_gradients`: ema.update()
     with ema.swapped():  # evaluation or export with averaged weights
         evaluate(model)
@@ -40,7 +40,7 @@ class ExponentialMovingAverage(tf.Module):
       decay: the average's decay per update, e.g. 0.999.
       warmup: use `min(decay, (1 + n) / (10 + n))` at update `n`.
       scope: context manager to create the variables in (e.g. the
-        distribution mode's `scope()`); `None`: the current one.
+        distributor's `scope()`); `None`: the current one.
     """
 
     # The model's own variables are neither this module's `variables` nor

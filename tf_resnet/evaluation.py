@@ -1,7 +1,7 @@
 """Evaluation: precision over the test files, in training or as its own job.
 
 `evaluate` runs the model in inference mode over this process's shard of
-the test set and sums the counts over all processes of the mode, so every
+the test set and sums the counts over all processes of the distributor, so every
 Horovod rank takes part (no rank-0-only evaluation that deadlocks the
 others) and the result covers every record exactly once. The counts are
 top-1 and top-5 hits, the loss and the confusion matrix, all summed in one
@@ -24,10 +24,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
-from tf_resnet import data, dataset_facts, eval_report, summaries
+from tf_resnet import data, eval_report, summaries
 from tf_resnet.builders import build_model, make_ema, plan_run
 from tf_resnet.checkpointing import first_line, unreadable
+from tf_resnet.config import datasets
+from tf_resnet.config import layers as config_lib
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.tta import tta_logits
 
@@ -86,13 +87,13 @@ def num_outputs(model):
     return int(model.outputs[0].shape[-1])
 
 
-def evaluate(eval_step, dataset, mode, max_batches=None, *, num_classes):
+def evaluate(eval_step, dataset, distributor, max_batches=None, *, num_classes):
     """Precision, top-5 precision, mean loss and the confusion matrix.
 
     Args:
       eval_step: from `make_eval_step`.
       dataset: this process's shard of the evaluation data.
-      mode: the distribution mode (sums the counts over processes).
+      distributor: the distributor (sums the counts over processes).
       max_batches: stop after this many batches (`--eval_batch_count`).
       num_classes: the model's class count (the size of the matrix, known
         even to a process whose shard is empty).
@@ -109,7 +110,7 @@ def evaluate(eval_step, dataset, mode, max_batches=None, *, num_classes):
         sums += counts["sums"].numpy()
         confusion += counts["confusion"].numpy()
     # One all-reduce for everything; float64 holds counts exactly to 2**53.
-    totals = mode.all_reduce_sum(
+    totals = distributor.all_reduce_sum(
         np.concatenate([sums, confusion.ravel().astype(np.float64)])
     )
     correct, correct_at_5, loss_sum, examples = totals[: len(SUMS)]
@@ -124,14 +125,14 @@ def evaluate(eval_step, dataset, mode, max_batches=None, *, num_classes):
     }
 
 
-def build_eval_dataset(config, mode, split=None):
+def build_eval_dataset(config, distributor, split=None):
     """This process's shard of the evaluation split, in file order.
 
     `split`: the evaluation split if already opened (else opened here).
     """
     if split is None:
         split = data.split_of(config, training=False)
-    num_shards, shard_index = mode.eval_shard()
+    num_shards, shard_index = distributor.eval_shard()
     return split.dataset(
         config.optim.eval_batch_size or config.optim.batch_size,
         data.input_options(
@@ -143,8 +144,8 @@ def build_eval_dataset(config, mode, split=None):
 class Evaluator:
     """Evaluates the model and records the result, in training or the job.
 
-    Every process of the mode takes part (the counts are summed over them);
-    the chief alone writes: the TensorBoard events (`Precision`,
+    Every process of the distributor takes part (the counts are summed over
+    them); the chief alone writes: the TensorBoard events (`Precision`,
     `Best Precision`, `Precision@5`, the confusion-matrix image) and the
     report files (`eval_report`) in `eval_dir`, and the evaluation history
     (`eval.csv`, `learning_curve.png`): the training run's in `log_root`,
@@ -152,19 +153,19 @@ class Evaluator:
     curve drawn next to its own.
     """
 
-    def __init__(self, config, mode, state, split=None, *, job=False):
+    def __init__(self, config, distributor, state, split=None, *, job=False):
         run = config.run
-        self.mode = mode
+        self.distributor = distributor
         self.state = state
         model = state.model
         self.max_batches = run.eval_batch_count
         self.num_classes = num_outputs(model)
         self.step_fn = make_eval_step(model, config.optim.eval_tta)
-        self.dataset = build_eval_dataset(config, mode, split)
+        self.dataset = build_eval_dataset(config, distributor, split)
         self.report_dir = run.eval_dir
-        self.writer = summaries.EvalWriter(run.eval_dir, mode.is_chief)
+        self.writer = summaries.EvalWriter(run.eval_dir, distributor.is_chief)
         self.job = job
-        split_name = dataset_facts.DATASETS[config.data.dataset].eval_split
+        split_name = datasets.DATASETS[config.data.dataset].eval_split
         if job:
             self.history = summaries.EvalHistory(
                 run.eval_dir,
@@ -183,7 +184,7 @@ class Evaluator:
                 split=split_name,
             )
         self.class_names = None
-        if mode.is_chief:
+        if distributor.is_chief:
             self.class_names = _class_names(run.log_root, split)
 
     def __call__(self, step, epoch, label=None, train=None):
@@ -197,20 +198,20 @@ class Evaluator:
         The confusion matrix is left out of the returned dict (it goes to
         the report files), so callers can log the result.
         """
-        self.mode.synchronize(self.state)
+        self.distributor.synchronize(self.state)
         start = time.time()
         ema = self.state.ema
         with ema.swapped() if ema else contextlib.nullcontext():
             result = evaluate(
                 self.step_fn,
                 self.dataset,
-                self.mode,
+                self.distributor,
                 self.max_batches,
                 num_classes=self.num_classes,
             )
         confusion = result.pop("confusion")
         best = result["precision"]
-        if self.mode.is_chief:
+        if self.distributor.is_chief:
             if self.job:
                 train = self.history.training_row(step)
             best = self.history.record(
@@ -255,7 +256,7 @@ def _class_names(log_root, split):
     return None if split is None else split.class_names
 
 
-def evaluate_only(config, mode):
+def evaluate_only(config, distributor):
     """`--mode=eval`: the separate evaluation job of the original example.
 
     Needs no training data and builds no optimizer: the model's class
@@ -264,11 +265,11 @@ def evaluate_only(config, mode):
     to `--eval_dir` (never `log_root` itself: `validation.validate`).
     """
     split = data.split_of(config, training=False)
-    model = build_model(config, mode, split)
+    model = build_model(config, distributor, split)
     continuous_eval(
         config,
-        mode,
-        TrainState(model, ema=make_ema(config, mode, model)),
+        distributor,
+        TrainState(model, ema=make_ema(config, distributor, model)),
         functools.partial(_epoch_of_step, config),
         split,
     )
@@ -285,7 +286,7 @@ def _epoch_of_step(config, step):
     return step / plan["steps_per_epoch"]
 
 
-def continuous_eval(config, mode, state, epoch_of, split=None):
+def continuous_eval(config, distributor, state, epoch_of, split=None):
     """Evaluates every new checkpoint in `config.run.log_root`.
 
     `epoch_of(step)` gives the epoch of a checkpoint's step.
@@ -297,9 +298,9 @@ def continuous_eval(config, mode, state, epoch_of, split=None):
     """
     run = config.run
     checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
-    evaluator = Evaluator(config, mode, state, split, job=True)
+    evaluator = Evaluator(config, distributor, state, split, job=True)
     for path in _checkpoint_paths(run):
-        if not _restore(checkpoint, path, mode):
+        if not _restore(checkpoint, path, distributor):
             continue
         step = int(path.rsplit("-", 1)[1])
         evaluator(step, epoch_of(step), label=path)
@@ -332,7 +333,7 @@ def _checkpoint_paths(run):
         yield path
 
 
-def _restore(checkpoint, path, mode):
+def _restore(checkpoint, path, distributor):
     """Restores the checkpoint at `path`; False if it is gone.
 
     Training deletes checkpoints beyond its `--keep_checkpoints`, also one
@@ -350,7 +351,7 @@ def _restore(checkpoint, path, mode):
         if not problem:
             raise
         logging.debug("restoring %s: %s", path, first_line(error))
-    failed = mode.all_reduce_sum(np.array([1.0 if problem else 0.0]))[0]
+    failed = distributor.all_reduce_sum(np.array([1.0 if problem else 0.0]))[0]
     if failed:
         logging.warning(
             "%s: skipped, deleted before it could be restored (training "

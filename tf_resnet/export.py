@@ -49,12 +49,12 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
 from tf_resnet import litert, summaries
 from tf_resnet.builders import build_model, make_ema
 from tf_resnet.checkpointing import unreadable
+from tf_resnet.config import layers as config_lib
 from tf_resnet.data import DATASETS, cifar_binary, preprocessing
-from tf_resnet.distribute.base import DistributionMode, TrainState
+from tf_resnet.distribute.base import Distributor, TrainState
 from tf_resnet.errors import StorageError, UserInputError
 from tf_resnet.tta import tta_logits
 
@@ -213,13 +213,13 @@ def _build(config, info):
         pretrained = ""
     model_config = dataclasses.replace(config.model, pretrained=pretrained)
     config = dataclasses.replace(config, model=model_config)
-    return build_model(config, DistributionMode(1), info)
+    return build_model(config, Distributor(1), info)
 
 
 def _restore(config, info, path):
-    mode = DistributionMode(1)
+    distributor = Distributor(1)
     model = _build(config, info)
-    ema = make_ema(config, mode, model)
+    ema = make_ema(config, distributor, model)
     state = TrainState(model, ema=ema)
     checkpoint = tf.train.Checkpoint(**state.checkpoint_objects())
     status = checkpoint.restore(path).expect_partial()  # No optimizer here.

@@ -4,8 +4,8 @@ Thread pools, the device list and logical CPU devices are fixed the moment
 TensorFlow creates its runtime, and the Keras dtype policy applies to the
 layers built after it is set; so `start` runs before any model, dataset or
 strategy exists. `resnet_main.py` and the benchmarks call it; settings that
-belong to one distribution mode (Horovod's cycle time) live with that
-mode. Every engine's devices come from one plan (`devices.plan`).
+belong to one distributor (Horovod's cycle time) live with that
+distributor. Every engine's devices come from one plan (`devices.plan`).
 """
 
 import dataclasses
@@ -17,7 +17,10 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import detect, devices, engines
+from tf_resnet import detect, devices
+
+# CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
+from tf_resnet.config import engines
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without
@@ -31,16 +34,21 @@ class Started:
 
     Attributes:
       dtype_policy: the Keras dtype policy in force (`auto` resolved).
-      distribution: the mode to make (`auto` resolved where the launcher
-        tells; `auto` left for `modes.make_mode` to choose by devices).
-      reason: why that mode (for the start line).
+      engine: the `engines.Engine` this process runs, resolved once here
+        (`auto` by the launcher that started the process, else by its
+        devices) and its settings checked: what is made of it
+        (`distributors.make_distributor`) and what `--dry_run` tells.
+      reason: why that engine (for the start line).
+      by_devices: `auto` that no launcher resolved, so the engine is the
+        one its devices call for.
       devices: devices to replicate over, `None` for the default device.
       plan: the `devices.Plan` they come from.
     """
 
     dtype_policy: str
-    distribution: str
+    engine: engines.Engine
     reason: str
+    by_devices: bool
     devices: list | None
     plan: devices.Plan
 
@@ -86,11 +94,11 @@ def node_view(task_index=0):
     return devices.Node(detect.gpu_ids(count), rank, size, source)
 
 
-def device_plan(config, distribution):
-    """This process's `devices.Plan` under the resolved engine."""
+def device_plan(config, rule):
+    """This process's `devices.Plan` by its engine's `Devices` rule."""
     dist = config.distribution
     return devices.plan(
-        distribution,
+        rule,
         dist.num_gpus,
         dist.cpu_replicas,
         node_view(dist.task_index),
@@ -124,7 +132,7 @@ def apply_plan(plan):
 def configure_devices(num_gpus, cpu_replicas=1):
     """The devices of one process on its own (benchmarks, tests)."""
     return apply_plan(
-        devices.plan(engines.AUTO, num_gpus, cpu_replicas, node_view())
+        devices.plan(engines.Devices.ASKED, num_gpus, cpu_replicas, node_view())
     )
 
 
@@ -161,6 +169,10 @@ def start(config):
 
     Returns:
       `Started`.
+
+    Raises:
+      UserInputError: settings the engine that `auto` became does not
+        take (`engines.check_settings`).
     """
     runtime, dist = config.runtime, config.distribution
     quiet_tensorflow_internals()
@@ -172,10 +184,10 @@ def start(config):
     )
     policy = resolve_dtype(runtime.dtype)
     keras.config.set_dtype_policy(policy)
-    distribution, reason = engines.resolve(
-        dist.distribution, config.preset, dist
-    )
-    plan = device_plan(config, distribution)
+    # The engine, once: the launcher's, else by the devices of the plan.
+    name, reason = engines.resolve(dist.distribution, config.preset, dist)
+    plan = device_plan(config, engines.devices_rule(name))
+    engine = engines.running(name, plan.replicas)
     names = apply_plan(plan)
     # Which host each process of a job runs on, in the job's log.
     logging.info(
@@ -184,6 +196,10 @@ def start(config):
         socket.gethostname(),
         plan.describe(),
     )
+    if dist.distribution == engines.AUTO:
+        # A named engine's settings were checked with the others
+        # (`validation.validate`); the one `auto` became is known only now.
+        engines.check_settings(engine, dist)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
-    return Started(policy, distribution, reason, names, plan)
+    return Started(policy, engine, reason, name == engines.AUTO, names, plan)

@@ -395,32 +395,44 @@ def project(model_step, gradients, gpus, gpus_per_node, network, engine,
 def candidates(average_every=(4, 16), accumulate=(2, 4)):
     """`(engine name, Knobs)` of every row a projection shows.
 
-    The engines whose all-reduce overlaps the backward pass (the default)
-    also without it, the control.
+    The engines that send something between nodes (`Engine.traffic`), as
+    the registry tells: first those whose all-reduce overlaps the backward
+    pass (the default), also without it (the control), compressed and
+    accumulating; then those that take local steps, at each of
+    `average_every`; then the others, as they are.
     """
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
+    across_nodes = [e for e in engines.ENGINES.values() if e.traffic]
     rows = []
-    for name, engine in engines.ENGINES.items():
+    for engine in across_nodes:
         if not engine.overlaps:
             continue
-        rows.append((name, traffic.Knobs()))
-        rows.append((name, traffic.Knobs(overlap=False)))
-        rows.append((name, traffic.Knobs(compression=0.5)))
+        rows.append((engine.name, traffic.Knobs()))
+        rows.append((engine.name, traffic.Knobs(overlap=False)))
+        rows.append((engine.name, traffic.Knobs(compression=0.5)))
         rows += [
-            (name, traffic.Knobs(compression=0.5, accumulate_steps=k))
+            (engine.name, traffic.Knobs(compression=0.5, accumulate_steps=k))
             for k in accumulate
         ]
-    rows += [
-        ("averaging", traffic.Knobs(average_every=k)) for k in average_every
+    local_steps = [
+        e for e in across_nodes if e.update is engines.Update.PROCESS
     ]
-    rows.append(("parameter_server", traffic.Knobs()))
+    for engine in local_steps:
+        rows += [
+            (engine.name, traffic.Knobs(average_every=k)) for k in average_every
+        ]
+    rows += [
+        (engine.name, traffic.Knobs())
+        for engine in across_nodes
+        if not engine.overlaps and engine not in local_steps
+    ]
     return rows
 
 
 def projections(model_step, gradients, gpus, gpus_per_node, network):
     """Every candidate's `Projection`."""
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
     return [
         project(model_step, gradients, gpus, gpus_per_node, network,
@@ -516,7 +528,7 @@ ANCHORS = (
 
 def project_anchor(anchor, gradients):
     """Horovod's `Projection` in `anchor`'s setting (overlapped, as it is)."""
-    from tf_resnet import engines
+    from tf_resnet.config import engines
 
     return project(
         anchor.step, gradients, anchor.gpus, anchor.gpus_per_node,

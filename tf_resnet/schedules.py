@@ -29,7 +29,7 @@ REFERENCE_BATCH = 128
 def split_batch(global_batch, replicas, distribution):
     """Examples per replica of one step: the global batch split evenly.
 
-    The one definition the modes (`base.DistributionMode`) and `--dry_run`
+    The one definition the distributors (`base.Distributor`) and `--dry_run`
     share.
 
     Raises:

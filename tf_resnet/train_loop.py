@@ -1,19 +1,20 @@
-"""The one training loop, for every dataset, model and distribution mode.
+"""The one training loop, for every dataset, model and engine.
 
 `train` runs it: the compiled step of one replica (`make_replica_fn`),
 progress lines and summaries, the schedule of evaluations and checkpoints,
 and stopping on a signal. What it trains is made by `builders`; the
 separate `--mode=eval` job is `evaluation.evaluate_only`.
 
-A custom `GradientTape` loop (not `model.fit`) because the distribution
-modes need hooks `fit` does not offer: gradient all-reduce across Horovod
+A custom `GradientTape` loop (not `model.fit`) because the
+distributors need hooks `fit` does not offer: gradient all-reduce across Horovod
 ranks, weight averaging between local steps, asynchronous dispatch to
-parameter servers. The loop only talks to the `DistributionMode` interface.
+parameter servers. The loop only talks to the `Distributor` interface.
 
 Losses are summed over a replica's examples and divided by the examples of
-one optimizer update (`replica_batch * mode.replicas_per_update`); the mode
-sums gradients over the replicas of an update. Weight decay is the paper's
-L2 penalty `wd/2 * ||w||^2` on conv and dense kernels, divided the same way.
+one optimizer update (`replica_batch * distributor.replicas_per_update`);
+the distributor sums gradients over the replicas of an update. Weight
+decay is the paper's L2 penalty `wd/2 * ||w||^2` on conv and dense
+kernels, divided the same way.
 """
 
 import contextlib
@@ -27,14 +28,12 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import config as config_lib
 from tf_resnet import (
     data,
     evaluation,
     log_root_lock,
     param_groups,
     schedules,
-    settings,
     summaries,
 )
 from tf_resnet.builders import (
@@ -45,6 +44,8 @@ from tf_resnet.builders import (
     plan_run,
 )
 from tf_resnet.checkpointing import RunCheckpoints, check_writable
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import settings
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.errors import UserInputError
 from tf_resnet.losses import classification_losses
@@ -62,7 +63,7 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
 
 
-def make_replica_fn(model, optimizer, mode, config, ema=None):
+def make_replica_fn(model, optimizer, distributor, config, ema=None):
     """One replica's forward, backward and update on its batch.
 
     Labels are class indices, or `[B, classes]` targets of a mixed batch
@@ -73,24 +74,28 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
     micro-batch), whose gradients and metrics are summed before the one
     all-reduce and update: the first K-1 in a `tf.while_loop`, the last
     after it, outside the loop, so that its gradients appear one by one as
-    a step's without accumulation and the mode's all-reduce overlaps its
+    a step's without accumulation and the distributor's all-reduce overlaps its
     backward pass (a loop's outputs exist only once it has ended).
 
     With `config.xla` the forward and backward pass (of each micro-batch)
     is compiled by XLA; the all-reduce and the update stay outside it,
-    since they belong to the mode (Horovod ops have no XLA kernels) and to
-    the optimizer.
+    since they belong to the distributor (Horovod ops have no XLA kernels)
+    and to the optimizer.
 
     Raises:
       UserInputError: the replica's batch does not split into
         `--accumulate_steps` micro-batches.
     """
-    update_examples = float(mode.replica_batch * mode.replicas_per_update)
+    update_examples = float(
+        distributor.replica_batch * distributor.replicas_per_update
+    )
     label_smoothing = config.optim.label_smoothing
-    decay_scale = config.optim.weight_decay / 2.0 / mode.replicas_per_update
+    decay_scale = (
+        config.optim.weight_decay / 2.0 / distributor.replicas_per_update
+    )
     decayed = {id(k) for k in decayed_variables(model)}
     steps = config.optim.accumulate_steps
-    micro = schedules.micro_batch(mode.replica_batch, steps)
+    micro = schedules.micro_batch(distributor.replica_batch, steps)
 
     def loss_gradients(images, labels):
         with tf.GradientTape() as tape:
@@ -177,7 +182,7 @@ def make_replica_fn(model, optimizer, mode, config, ema=None):
             backbone=config.optim.backbone_lr_multiplier,
             head=config.optim.head_lr_multiplier,
         )
-        grads = mode.all_reduce_gradients(grads)
+        grads = distributor.all_reduce_gradients(grads)
         optimizer.apply_gradients(zip(grads, variables, strict=True))
         if ema is not None:
             ema.update()
@@ -243,9 +248,16 @@ class _Progress:
     """
 
     def __init__(
-        self, mode, plan, writer, checkpoints, start_step, rate_fn, every_secs
+        self,
+        distributor,
+        plan,
+        writer,
+        checkpoints,
+        start_step,
+        rate_fn,
+        every_secs,
     ):
-        self.mode = mode
+        self.distributor = distributor
         self.plan = plan
         self.writer = writer
         self.checkpoints = checkpoints
@@ -262,7 +274,7 @@ class _Progress:
     def _fetch(self):
         """Adds the pending steps' metrics to the line's and the curve's."""
         for metrics in self.pending:
-            for key, value in self.mode.fetch(metrics).items():
+            for key, value in self.distributor.fetch(metrics).items():
                 self.interval[key] += float(value)
                 self.since_eval[key] += float(value)
         self.pending = []
@@ -321,7 +333,7 @@ class _Progress:
         first_step, first_time = self.interval_start
         now = time.time()
         self.interval_start = (step, now)
-        global_batch = self.mode.global_batch
+        global_batch = self.distributor.global_batch
         images_per_sec = (
             (step - first_step) * global_batch / max(now - first_time, 1e-9)
         )
@@ -335,7 +347,7 @@ class _Progress:
         remaining = (self.plan.total_steps - step) * global_batch
         # One line per step of the job: the other processes' would repeat
         # the chief's (or, between averages, differ by their shard only).
-        if self.mode.is_chief:
+        if self.distributor.is_chief:
             logging.info(
                 "step %d/%d (%.1f%%) epoch %.2f: loss %.4f, accuracy %.4f, "
                 "lr %.4g, %.1f images/sec, ETA %s",
@@ -369,16 +381,16 @@ class _TrainSteps:
     with, so (un)freezing the backbone needs a new one.
     """
 
-    def __init__(self, config, mode, state, plan):
+    def __init__(self, config, distributor, state, plan):
         self.make_replica_fn = functools.partial(
             make_replica_fn,
             state.model,
             state.optimizer,
-            mode,
+            distributor,
             config,
             state.ema,
         )
-        self.mode = mode
+        self.distributor = distributor
         self.model = state.model
         self.freeze_steps = round(
             config.optim.freeze_backbone_epochs * plan.steps_per_epoch
@@ -394,11 +406,13 @@ class _TrainSteps:
             if self.freeze_steps:
                 param_groups.set_backbone_trainable(self.model, not frozen)
             self.frozen = frozen
-            self.step_fn = self.mode.make_train_step(self.make_replica_fn())
+            self.step_fn = self.distributor.make_train_step(
+                self.make_replica_fn()
+            )
         return self.step_fn(iterator)
 
 
-def train(config, mode):
+def train(config, distributor):
     """Trains, resuming from `config.run.log_root` if it has a checkpoint.
 
     The chief holds the run's lock for the whole run and, once the model
@@ -414,19 +428,23 @@ def train(config, mode):
     """
     # Refused before anything is read or written (`make_replica_fn` is
     # made at the first step).
-    schedules.micro_batch(mode.replica_batch, config.optim.accumulate_steps)
+    schedules.micro_batch(
+        distributor.replica_batch, config.optim.accumulate_steps
+    )
     split = data.split_of(config, training=True)
     # Both splits are read before anything is written in log_root: a run
     # that fails on its data leaves no config.json for the next to take.
     eval_split = data.split_of(config, training=False)
     plan = plan_run(config, split)
     with contextlib.ExitStack() as held:
-        _start_together(config.run.log_root, mode, held)
-        result, interrupted = _train(config, mode, plan, split, eval_split)
+        _start_together(config.run.log_root, distributor, held)
+        result, interrupted = _train(
+            config, distributor, plan, split, eval_split
+        )
     # Only now that the run's input iterator is released (deleting one of
     # MultiWorkerMirroredStrategy needs every worker still there); after an
     # agreed stop too, so no process leaves while the chief still saves.
-    mode.end_of_run()
+    distributor.end_of_run()
     if interrupted:
         raise interrupted
     return result
@@ -435,7 +453,7 @@ def train(config, mode):
 _CHIEF_FIRST_SECS = 3
 
 
-def _start_together(log_root, mode, held):
+def _start_together(log_root, distributor, held):
     """The chief takes `log_root` (onto `held`); every process learns if not.
 
     A refusal (another run holds the directory, or it cannot be written) is
@@ -447,13 +465,15 @@ def _start_together(log_root, mode, held):
         chief refused.
     """
     refusal = None
-    if mode.is_chief:
+    if distributor.is_chief:
         try:
             check_writable(log_root)
             held.enter_context(log_root_lock.hold(log_root))
         except UserInputError as error:
             refusal = error
-    refused = mode.all_reduce_sum(np.array([int(refusal is not None)]))[0]
+    refused = distributor.all_reduce_sum(np.array([int(refusal is not None)]))[
+        0
+    ]
     if refusal:
         raise refusal
     if refused:
@@ -465,26 +485,26 @@ def _start_together(log_root, mode, held):
         )
 
 
-def _train(config, mode, plan, split, eval_split):
+def _train(config, distributor, plan, split, eval_split):
     run = config.run
     keras.utils.set_random_seed(run.seed)
-    model = build_model(config, mode, split)
+    model = build_model(config, distributor, split)
     optimizer = build_optimizer(
-        config, mode, model, plan.total_steps, plan.warmup_steps
+        config, distributor, model, plan.total_steps, plan.warmup_steps
     )
-    state = TrainState(model, optimizer, make_ema(config, mode, model))
+    state = TrainState(model, optimizer, make_ema(config, distributor, model))
     checkpoints = RunCheckpoints(
-        run.log_root, run.keep_checkpoints, mode, state
+        run.log_root, run.keep_checkpoints, distributor, state
     )
     restored = checkpoints.restore()
-    if mode.is_chief:  # Only now: a refused checkpoint changes nothing.
+    if distributor.is_chief:  # Only now: a refused checkpoint changes nothing.
         config_lib.save(config, plan, summaries.atomic_write)
         summaries.write_hparams(run.log_root, settings.flatten(config))
-    mode.broadcast_initial_state(state)
+    distributor.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
     if restored:  # Each process's: one that resumed elsewhere would show.
         logging.info("resumed from %s at step %d", restored, step)
-    if mode.is_chief:  # The job's line; the others' would repeat it.
+    if distributor.is_chief:  # The job's line; the others' would repeat it.
         logging.info(
             "training %s on %s: %d examples, %d steps/epoch, %d steps, "
             "global batch %d over %d replica(s) (%s)%s",
@@ -493,26 +513,26 @@ def _train(config, mode, plan, split, eval_split):
             plan.num_train_examples,
             plan.steps_per_epoch,
             plan.total_steps,
-            mode.global_batch,
-            mode.num_replicas,
-            mode.name,
+            distributor.global_batch,
+            distributor.num_replicas,
+            distributor.name,
             schedules.micro_batches(
-                mode.replica_batch, config.optim.accumulate_steps
+                distributor.replica_batch, config.optim.accumulate_steps
             ),
         )
-        all_reduce = mode.describe_all_reduce(
+        all_reduce = distributor.describe_all_reduce(
             state.model.trainable_variables, config.runtime.xla
         )
         if all_reduce:
             logging.info("gradient all-reduce: %s", all_reduce)
-    iterator = mode.distribute_dataset(
+    iterator = distributor.distribute_dataset(
         functools.partial(_training_dataset, split, config, step)
     )
-    train_step = _TrainSteps(config, mode, state, plan)
-    evaluator = evaluation.Evaluator(config, mode, state, eval_split)
-    writer = summaries.ScalarWriter(run.train_dir, mode.is_chief)
+    train_step = _TrainSteps(config, distributor, state, plan)
+    evaluator = evaluation.Evaluator(config, distributor, state, eval_split)
+    writer = summaries.ScalarWriter(run.train_dir, distributor.is_chief)
     progress = _Progress(
-        mode,
+        distributor,
         plan,
         writer,
         checkpoints,
@@ -533,7 +553,7 @@ def _train(config, mode, plan, split, eval_split):
         while step < run_until:
             progress.add(train_step(step, iterator))
             step += 1
-            mode.after_step(step, state)
+            distributor.after_step(step, state)
             pause = step == run_until  # End of this run, maybe not of training.
             if step % run.log_every_steps == 0 or pause or progress.due():
                 progress.log(step)
@@ -553,19 +573,19 @@ def _train(config, mode, plan, split, eval_split):
                     )
             # At steps every process knows: all ask, all stop at one step.
             if (
-                step % mode.stop_check_every_steps == 0 or pause
-            ) and mode.any_process_stopping(stop.received is not None):
+                step % distributor.stop_check_every_steps == 0 or pause
+            ) and distributor.any_process_stopping(stop.received is not None):
                 progress.log(step)
                 if saved_at != step:
                     checkpoints.save(step)
                 interrupted = _interruption(
-                    stop.received, step, mode, checkpoints
+                    stop.received, step, distributor, checkpoints
                 )
                 break
     return {"step": step, **last_eval}, interrupted
 
 
-def _interruption(received, step, mode, checkpoints):
+def _interruption(received, step, distributor, checkpoints):
     """The `TrainingInterrupted` of a stop at `step`, its checkpoint saved.
 
     A process that got no signal itself stops for its peer's and exits as
@@ -577,7 +597,9 @@ def _interruption(received, step, mode, checkpoints):
     else:
         what = f"stop requested by another process at step {step}"
         signum = signal.SIGTERM
-    where = f"to {checkpoints.latest}" if mode.is_chief else "by the chief"
+    where = (
+        f"to {checkpoints.latest}" if distributor.is_chief else "by the chief"
+    )
     return TrainingInterrupted(
         f"{what}: checkpoint written {where}", int(signum)
     )
@@ -586,7 +608,7 @@ def _interruption(received, step, mode, checkpoints):
 def _training_dataset(
     split, config, start_step, num_shards, shard_index, batch_size
 ):
-    """One input pipeline of the training split (`mode.distribute_dataset`)."""
+    """One input pipeline of the training split (`distribute_dataset`)."""
     return split.dataset(
         batch_size,
         data.input_options(

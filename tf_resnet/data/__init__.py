@@ -11,11 +11,15 @@ each.
 
 import os
 
+from tf_resnet.config.datasets import (
+    DATASETS,
+    SOURCES,
+    DatasetFacts,
+    InputOptions,
+)
 from tf_resnet.data import cifar_binary, cifar_pickle, tfds_source, tinyimagenet
 from tf_resnet.data.split import Split
-from tf_resnet.dataset_facts import DATASETS, DatasetFacts
 from tf_resnet.errors import DataError, UserInputError
-from tf_resnet.input_options import InputOptions
 
 __all__ = [
     "input_options",
@@ -34,6 +38,13 @@ READERS = {
     "tfds": tfds_source.TfdsSplit,
     "folder": tinyimagenet.FolderSplit,
 }
+# The formats are the dataset table's (`SOURCES`, `--data_source`'s
+# choices): a reader each, checked here, so the two cannot drift apart.
+if set(READERS) != set(SOURCES):
+    raise ImportError(
+        f"readers {sorted(READERS)} are not the datasets' sources "
+        f"{sorted(SOURCES)} (tf_resnet.config.datasets)"
+    )
 _FILE_READERS = ("binary", "pickle")
 
 

@@ -26,8 +26,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tf_resnet.config.datasets import DATASETS
 from tf_resnet.data.split import Split
-from tf_resnet.dataset_facts import DATASETS
 from tf_resnet.errors import DataError
 
 # Every pickle of protocol 2 or later (all CIFAR python files) starts with

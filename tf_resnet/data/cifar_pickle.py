@@ -27,9 +27,9 @@ import pickle
 import numpy as np
 import tensorflow as tf
 
+from tf_resnet.config.datasets import DATASETS
 from tf_resnet.data.cifar_binary import list_files
 from tf_resnet.data.split import Split
-from tf_resnet.dataset_facts import DATASETS
 from tf_resnet.errors import DataError
 
 LABEL_KEYS = {"cifar10": "labels", "cifar100": "fine_labels"}

@@ -12,9 +12,8 @@ split (`pipeline.training_order`).
 
 import abc
 
+from tf_resnet.config.datasets import DATASETS, InputOptions
 from tf_resnet.data import augment, pipeline, preprocessing
-from tf_resnet.dataset_facts import DATASETS
-from tf_resnet.input_options import InputOptions
 
 DEFAULT_OPTIONS = InputOptions()
 

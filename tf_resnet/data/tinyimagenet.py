@@ -27,8 +27,8 @@ import os
 
 import tensorflow as tf
 
+from tf_resnet.config.datasets import DATASETS
 from tf_resnet.data.split import Split
-from tf_resnet.dataset_facts import DATASETS
 from tf_resnet.errors import DataError
 
 IMAGE_SIZE = DATASETS["tinyimagenet"].image_size

@@ -1,8 +1,8 @@
-"""Distribution modes: one class per engine, behind one interface.
+"""Distributors: one class per engine, behind one interface.
 
-Each module holds the mode of one engine (`base.DistributionMode` is the
+Each module holds the distributor of one engine (`base.Distributor` is the
 interface the training loop talks to). The engines, and the function that
-makes each one's mode, are registered in `tf_resnet.engines`;
-`tf_resnet.modes.make_mode` makes the chosen one. Nothing here is
-imported until a mode is made, so a run without Horovod never imports it.
+makes each one's distributor, are registered in `tf_resnet.config.engines`;
+`tf_resnet.distributors.make_distributor` makes the chosen one. Nothing here is
+imported until a distributor is made, so a run without Horovod never imports it.
 """

@@ -24,12 +24,12 @@ Two transports carry the all-reduce; only it differs (`LocalSteps` is the
 rest), and how the processes were started picks it
 (`engines.averaging_transport`):
 
-* TensorFlow's collectives (`multi_worker.MultiWorkerAveragingMode`) when
+* TensorFlow's collectives (`multi_worker.MultiWorkerAveragingDistributor`) when
   the process is a worker of a multi-worker cluster: `--worker_hosts`, a
   `TF_CONFIG` of several workers and no ps (as `python -m
-  tf_resnet.launch.multi_worker` sets), or a Slurm job step of several
+  tf_resnet.launch.tf_config_cluster` sets), or a Slurm job step of several
   tasks;
-* Horovod (`horovod_mode.HorovodAveragingMode`) otherwise: under
+* Horovod (`horovod_ranks.HorovodAveragingDistributor`) otherwise: under
   `horovodrun` / `python -m tf_resnet.launch.horovod`.
 
 Either way one process holds one replica: `tf.distribute.MirroredStrategy`
@@ -50,7 +50,7 @@ def float_variables(variables):
 class LocalSteps:
     """Local steps, weights averaged every `average_every`: engine-free.
 
-    A mixin before an engine's mode class, which supplies the processes'
+    A mixin before an engine's distributor class, which supplies the processes'
     data shards, metrics and `average_in_place(variables)`, the one
     all-reduce that differs between engines.
     """

@@ -1,8 +1,8 @@
-"""The interface between the training loop and a distribution mode.
+"""The interface between the training loop and a distributor.
 
-One class per mode, in the manner of tf_cnn_benchmarks' `VariableMgr`
+One class per engine, in the manner of tf_cnn_benchmarks' `VariableMgr`
 classes: the training loop (`tf_resnet.train_loop`) calls only the methods
-below and never asks which mode it runs under. A mode decides
+below and never asks which engine it runs under. A distributor decides
 
 * where variables live (`scope`),
 * how the global batch is split and which shard of the data each input
@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tf_resnet import schedules
 
-# `stop_check_every_steps` of modes whose processes must agree on a stop:
+# `stop_check_every_steps` of distributors whose processes must agree on a stop:
 # one all-reduce of a flag is a few ms, a noticeable part of a small step
 # (bench/results/stop_check.md), and nine steps more are seconds.
 PEERS_STOP_CHECK_EVERY_STEPS = 10
@@ -31,7 +31,7 @@ PEERS_STOP_CHECK_EVERY_STEPS = 10
 
 @dataclasses.dataclass
 class TrainState:
-    """What training changes, handed to the mode as one object.
+    """What training changes, handed to the distributor as one object.
 
     Attributes:
       model: the Keras model (weights and BatchNorm moving statistics).
@@ -72,7 +72,7 @@ class TrainState:
         return objects
 
 
-class DistributionMode:
+class Distributor:
     """Single process, one device: the default `tf.distribute` strategy.
 
     Subclasses override what differs. Attributes:
@@ -80,7 +80,7 @@ class DistributionMode:
       num_replicas: replicas the global batch is split over (all devices of
         all processes).
       replicas_per_update: replicas whose gradients are summed into one
-        optimizer update (`num_replicas` for synchronous SGD, 1 for modes
+        optimizer update (`num_replicas` for synchronous SGD, 1 for engines
         where replicas update on their own, like async parameter servers or
         local steps between weight averages). Losses are normalised by
         `replica_batch * replicas_per_update`, so the combined gradient is
@@ -127,14 +127,14 @@ class DistributionMode:
         return self._replica_batch
 
     def prepare_optimizer(self, optimizer):
-        """Adapts a freshly built optimizer to the mode (in its scope)."""
+        """Adapts a freshly built optimizer to the distributor, in its scope."""
 
     def make_train_step(self, replica_fn):
         """Compiles a training step: next batch, `replica_fn` on each replica.
 
         Returns:
           `fn(iterator)` returning the step's metrics summed over replicas
-          (for asynchronous modes, a handle that `fetch` resolves).
+          (for asynchronous engines, a handle that `fetch` resolves).
         """
 
         @tf.function(autograph=False)
@@ -166,7 +166,7 @@ class DistributionMode:
     def describe_all_reduce(self, variables, xla=False):
         """How the gradients of `variables` cross processes, for the start line.
 
-        Empty for a mode whose gradients cross no process boundary.
+        Empty for a distributor whose gradients cross no process boundary.
         """
         del variables, xla
         return ""
@@ -202,8 +202,8 @@ class DistributionMode:
     def checkpoint_dir(self, log_root):
         """Where this process writes a checkpoint; None: it writes none.
 
-        `log_root` for the chief. A mode whose every process must take part
-        in saving (MultiWorkerMirroredStrategy) gives the others a fresh
+        `log_root` for the chief. A distributor whose every process must take
+        part in saving (MultiWorkerMirroredStrategy) gives the others a fresh
         directory, which is removed after the save.
         """
         return log_root if self.is_chief else None
@@ -212,9 +212,9 @@ class DistributionMode:
         """Called by every process once its training has ended in order.
 
         At the end of the run, or after a stop all processes agreed on
-        (`any_process_stopping`); not after a failure: a mode may wait here
-        for its peers.
+        (`any_process_stopping`); not after a failure: a distributor may wait
+        here for its peers.
         """
 
     def shutdown(self):
-        """Releases the mode's resources (collectives, cluster)."""
+        """Releases the distributor's resources (collectives, cluster)."""

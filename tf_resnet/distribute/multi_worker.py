@@ -8,7 +8,7 @@ workers, so every worker applies the same update.
 The cluster comes from, in this order: `--worker_hosts` with
 `--task_index` (worker 0 is the chief), `TF_CONFIG`, or the variables of
 a Slurm job step (`SlurmClusterResolver`). `python -m
-tf_resnet.launch.multi_worker --np=N` starts N workers on this machine.
+tf_resnet.launch.tf_config_cluster --np=N` starts N workers on this machine.
 
 The gradient all-reduce is the Keras optimizer's, over the strategy's
 replicas, in packs of `CommunicationOptions`' `bytes_per_pack`: TensorFlow
@@ -32,8 +32,8 @@ Horovod mode does, so the workers evaluate and save one model.
 batch, which is another matter.)
 
 The same cluster also runs `--distribution=averaging`
-(`MultiWorkerAveragingMode`): there the strategy only lends its collectives
-(`Collectives`) and each worker trains its own, unmirrored model.
+(`MultiWorkerAveragingDistributor`): there the strategy only lends its
+collectives (`Collectives`) and each worker trains its own, unmirrored model.
 
 A lost peer must make the others fail, not hang: a dead one resets its
 connections, so the next all-reduce fails; a frozen one stops answering
@@ -105,7 +105,7 @@ def cluster_resolver(worker_hosts=(), task_index=0, slurm_port=None):
     raise UserInputError(
         "--distribution=multi_worker needs a cluster: --worker_hosts with "
         "--task_index, a TF_CONFIG environment variable, a Slurm job step "
-        "(srun), or `python -m tf_resnet.launch.multi_worker` (see "
+        "(srun), or `python -m tf_resnet.launch.tf_config_cluster` (see "
         "docs/distributed.md)"
     )
 
@@ -223,7 +223,7 @@ class Collectives:
             )
 
 
-class MultiWorkerMode(tf_strategy.StrategyMode):
+class MultiWorkerDistributor(tf_strategy.StrategyDistributor):
     """Synchronous SGD over the replicas of all workers.
 
     Attributes:
@@ -339,7 +339,7 @@ class MultiWorkerMode(tf_strategy.StrategyMode):
         """Nothing to release: the servers end with the process."""
 
 
-class MultiWorkerAveragingMode(averaging.LocalSteps, base.DistributionMode):
+class MultiWorkerAveragingDistributor(averaging.LocalSteps, base.Distributor):
     """`--distribution=averaging` on the workers of a cluster.
 
     The model, optimizer and input pipeline are this process's own, under
@@ -393,7 +393,7 @@ class MultiWorkerAveragingMode(averaging.LocalSteps, base.DistributionMode):
         return self.collectives.any_true(stopping)
 
     def end_of_run(self):
-        """As `MultiWorkerMode.end_of_run`: no worker leaves before the rest."""
+        """As `MultiWorkerDistributor.end_of_run`: no worker leaves first."""
         self.collectives.sum(tf.zeros([1]))
 
 
@@ -406,8 +406,8 @@ def _worker_index(resolver):
     return offset + (resolver.task_id or 0)
 
 
-def make_mode(global_batch, config, devices):
-    """The mode for `settings.DistributionConfig`; first TF work of the run."""
+def make_distributor(global_batch, config, devices):
+    """The distributor of `settings.DistributionConfig`; the first TF work."""
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     packs = (
@@ -416,12 +416,12 @@ def make_mode(global_batch, config, devices):
         else 0
     )
     strategy = make_strategy(resolver, config.collective_timeout_secs, packs)
-    return MultiWorkerMode(
+    return MultiWorkerDistributor(
         strategy, global_batch, config.gradient_compression, packs
     )
 
 
-def make_averaging_mode(global_batch, config, devices):
+def make_averaging_distributor(global_batch, config, devices):
     """`--distribution=averaging` in this cluster; first TF work of the run.
 
     One device per worker: the local rank's GPU (`devices.plan`).
@@ -429,6 +429,6 @@ def make_averaging_mode(global_batch, config, devices):
     del devices
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     strategy = make_strategy(resolver, config.collective_timeout_secs)
-    return MultiWorkerAveragingMode(
+    return MultiWorkerAveragingDistributor(
         strategy, global_batch, config.average_every
     )

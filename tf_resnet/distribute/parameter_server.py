@@ -165,13 +165,15 @@ def serve(dist):
     return True
 
 
-def make_mode(global_batch, dist, devices):
+def make_distributor(global_batch, dist, devices):
     """The coordinator's mode; the cluster decides the devices."""
     del devices
-    return ParameterServerMode(cluster_resolver(**dist.cluster), global_batch)
+    return ParameterServerDistributor(
+        cluster_resolver(**dist.cluster), global_batch
+    )
 
 
-class ParameterServerMode(base.DistributionMode):
+class ParameterServerDistributor(base.Distributor):
     """Coordinator of asynchronous parameter-server training.
 
     Attributes:

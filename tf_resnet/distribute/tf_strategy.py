@@ -1,6 +1,6 @@
 """Modes backed by a `tf.distribute` strategy in one process.
 
-`MirroredMode` runs synchronous SGD over several devices of one machine
+`MirroredDistributor` runs synchronous SGD over several devices of one machine
 (`--num_gpus=N`, or N logical CPU devices in tests): variables are mirrored,
 gradients all-reduced by the Keras optimizer, and BatchNorm moving statistics
 live in one mirrored variable, so replicas cannot disagree.
@@ -56,7 +56,7 @@ def all_reduce_in_float16(optimizer):
     setattr(optimizer, _KERAS_ALL_REDUCE, all_reduce_float16)
 
 
-class StrategyMode(base.DistributionMode):
+class StrategyDistributor(base.Distributor):
     """Wraps any single-process `tf.distribute.Strategy`.
 
     Attributes:
@@ -99,14 +99,16 @@ class StrategyMode(base.DistributionMode):
         )
 
 
-def default_mode(global_batch):
+def default_distributor(global_batch):
     """One device: the default strategy (a no-op wrapper)."""
-    return StrategyMode(tf.distribute.get_strategy(), "default", global_batch)
+    return StrategyDistributor(
+        tf.distribute.get_strategy(), "default", global_batch
+    )
 
 
-def mirrored_mode(global_batch, devices=None, compression="none"):
+def mirrored_distributor(global_batch, devices=None, compression="none"):
     """Synchronous all-reduce over the devices of this machine."""
-    return StrategyMode(
+    return StrategyDistributor(
         tf.distribute.MirroredStrategy(devices),
         "mirrored",
         global_batch,
@@ -114,16 +116,18 @@ def mirrored_mode(global_batch, devices=None, compression="none"):
     )
 
 
-def make_default_mode(global_batch, dist, devices):
+def make_default_distributor(global_batch, dist, devices):
     """`--distribution=default`: the one device start-up chose, if any."""
     del dist  # Start-up has placed the devices.
     if devices:
-        return StrategyMode(
+        return StrategyDistributor(
             tf.distribute.OneDeviceStrategy(devices[0]), "default", global_batch
         )
-    return default_mode(global_batch)
+    return default_distributor(global_batch)
 
 
-def make_mirrored_mode(global_batch, dist, devices):
+def make_mirrored_distributor(global_batch, dist, devices):
     """`--distribution=mirrored` over the devices start-up chose."""
-    return mirrored_mode(global_batch, devices, dist.gradient_compression)
+    return mirrored_distributor(
+        global_batch, devices, dist.gradient_compression
+    )

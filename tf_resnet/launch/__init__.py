@@ -2,7 +2,7 @@
 
   python -m tf_resnet.launch.horovod --np=2 -- <resnet_main.py flags>
   python -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- <flags>
-  python -m tf_resnet.launch.multi_worker --np=2 -- <flags>
+  python -m tf_resnet.launch.tf_config_cluster --np=2 -- <flags>
   python -m tf_resnet.launch.ray --address=auto --num_workers=2 -- <flags>
 
 The first three run every process of the job on this machine: the
@@ -15,9 +15,9 @@ cluster, on its network; each worker's training process dies with its
 actor as a local launcher's die with it (`processes.die_with`).
 
 Which engines a launcher starts is its engines' `launcher` field
-(`tf_resnet.engines`).
+(`tf_resnet.config.engines`).
 
-The package imports only the standard library and `tf_resnet.engines`
+The package imports only the standard library and `tf_resnet.config.engines`
 (itself free of TensorFlow), and must stay so (a test checks):
 `unshare(CLONE_NEWUSER)`, which gives a user without root its namespace,
 fails in a process with more than one thread, and TensorFlow starts

@@ -14,7 +14,7 @@ MultiWorkerMirroredStrategy cluster (its node's IP, a free port, its world
 rank as task index; worker 0 is the chief). Each actor then runs
 `resnet_main.py <flags after -->` as a child process with that `TF_CONFIG`
 and its local rank (`LOCAL_RANK`, `LOCAL_WORLD_SIZE`), so the workers are
-the very processes `launch.multi_worker` starts on one machine: the same
+the very processes `launch.tf_config_cluster` starts on one machine: the same
 `--distribution=multi_worker` (added when none is given) or `averaging`.
 
 Why a child process and not `resnet_main` in the actor: TensorFlow's
@@ -51,8 +51,9 @@ import sys
 import threading
 import time
 
-from tf_resnet import engines, native_log
-from tf_resnet.launch import cli, multi_worker, processes
+from tf_resnet import native_log
+from tf_resnet.config import engines
+from tf_resnet.launch import cli, processes, tf_config_cluster
 
 log = cli.logger("launch.ray")
 # Where Ray is pinned, for the error when it is missing.
@@ -130,7 +131,7 @@ def parse_args(argv):
     if args.max_failures < 0:
         parser.error("--max_failures must be at least 0")
     distribution = cli.given_flag(args.main_flags, "distribution")
-    workers_run = multi_worker.WORKER_ENGINES
+    workers_run = tf_config_cluster.WORKER_ENGINES
     if distribution not in (None, engines.AUTO, *workers_run):
         parser.error(
             f"--distribution={distribution}: Ray's workers form a TF_CONFIG "
@@ -141,7 +142,8 @@ def parse_args(argv):
 
 def worker_command(main, main_flags):
     """The command line of every worker's `resnet_main.py`, but the Python."""
-    return [main, *main_flags, *multi_worker.worker_engine_flag(main_flags)]
+    engine_flag = tf_config_cluster.worker_engine_flag(main_flags)
+    return [main, *main_flags, *engine_flag]
 
 
 class WorkerExit(RuntimeError):

@@ -4,29 +4,32 @@ All models map float32 images to logits (no softmax); the loss is computed
 from logits in the training loop. Every model is a variant of one builder
 (`resnet.resnet`) and reads its options from one type (`ModelOptions`).
 Which models there are, their families and the options each family takes
-are the table of `tf_resnet.model_families`; this package builds them.
+are the table of `tf_resnet.config.families`; this package builds them.
 """
 
 import functools
 
-from tf_resnet import model_families
+from tf_resnet.config import families
+from tf_resnet.config.families import ModelOptions
 from tf_resnet.errors import UserInputError
-from tf_resnet.model_families import ModelOptions
-from tf_resnet.models import cifar_resnet, course_resnet, imagenet_resnet
+from tf_resnet.models import (  # noqa: F401  # Each registers its builder.
+    cifar_resnet,
+    course_resnet,
+    imagenet_resnet,
+)
 from tf_resnet.models import pretrained as pretrained_weights
-from tf_resnet.models.resnet import HEAD_LAYER
+from tf_resnet.models.resnet import BUILDERS, HEAD_LAYER
 
 __all__ = ["HEAD_LAYER", "MODELS", "ModelOptions", "build_model"]
 
-# Each family's builder; a `Variant` gives it the model's own arguments.
-BUILDERS = {
-    model_families.CIFAR: cifar_resnet.cifar_resnet,
-    model_families.COURSE: course_resnet.course_resnet,
-    model_families.IMAGENET: imagenet_resnet.imagenet_resnet,
-}
+# The builders register themselves (`resnet.builds`); every family of the
+# table must have one.
+_missing = [f.label for f in families.FAMILIES if f not in BUILDERS]
+if _missing:
+    raise ImportError(f"no builder for {', '.join(_missing)} (resnet.builds)")
 MODELS = {
     name: functools.partial(BUILDERS[variant.family], **variant.arguments)
-    for name, variant in model_families.VARIANTS.items()
+    for name, variant in families.VARIANTS.items()
 }
 
 
@@ -36,7 +39,7 @@ def build_model(
     """Builds a registered model.
 
     Args:
-      name: one of `MODELS`: the models of `model_families.VARIANTS`, and
+      name: one of `MODELS`: the models of `families.VARIANTS`, and
         any a script has registered since.
       num_classes: size of the classifier.
       input_shape: `(H, W, 3)` of the input images.

@@ -12,10 +12,11 @@ The paper's CIFAR default is the parameter-free zero-padding shortcut
 a final BN-ReLU before pooling.
 """
 
-from tf_resnet.model_families import CIFAR
+from tf_resnet.config.families import CIFAR
 from tf_resnet.models import blocks, resnet
 
 
+@resnet.builds(CIFAR)
 def cifar_resnet(
     depth,
     num_classes,

@@ -19,7 +19,7 @@ classes and 3,585,256 for 200; batch norm adds 6,336 moving statistics
 tests/test_course_models.py).
 """
 
-from tf_resnet.model_families import COURSE
+from tf_resnet.config.families import COURSE
 from tf_resnet.models import blocks, resnet
 
 # (name, filters, blocks) of each stage, as in the assignment's figure.
@@ -31,6 +31,7 @@ STAGES = (
 )
 
 
+@resnet.builds(COURSE)
 def course_resnet(
     num_classes, input_shape=(32, 32, 3), name="course_resnet", **options
 ):

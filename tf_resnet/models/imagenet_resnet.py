@@ -18,13 +18,14 @@ Stems (`--stem`, see `resnet.stem`):
     images from scratch; ImageNet weights then no longer fit the stem.
 """
 
-from tf_resnet.model_families import IMAGENET, IMAGENET_LAYOUTS
+from tf_resnet.config.families import IMAGENET, IMAGENET_LAYOUTS
 from tf_resnet.models import blocks, resnet
 
 # The block kinds that `IMAGENET_LAYOUTS` names.
 BLOCKS = {"basic": blocks.BasicBlock, "bottleneck": blocks.Bottleneck}
 
 
+@resnet.builds(IMAGENET)
 def imagenet_resnet(
     depth, num_classes, input_shape=(224, 224, 3), name=None, **options
 ):

@@ -28,12 +28,12 @@ import numpy as np
 from absl import logging
 from keras import layers
 
-from tf_resnet import model_families
+from tf_resnet.config import families
 from tf_resnet.errors import UserInputError
 from tf_resnet.models.resnet import HEAD_LAYER
 
 # torchvision's layout is the ImageNet family's (`imagenet_resnet`).
-TORCHVISION_MODELS = model_families.models_of(model_families.IMAGENET)
+TORCHVISION_MODELS = families.models_of(families.IMAGENET)
 KERAS_RESNET50_FILE = "resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5"
 # Keras' ResNet50 weights expect BGR pixels minus the ImageNet mean
 # ("caffe" preprocessing), whose spread is about 57 grey levels; the input
@@ -80,7 +80,7 @@ def build(name, source, build_fn, num_classes, input_shape, options):
             raise UserInputError(
                 f"--pretrained={source}: Keras ships ImageNet weights for "
                 f"resnet50 only, not {name}; for "
-                f"{model_families.IMAGENET_LABEL} "
+                f"{families.IMAGENET_LABEL} "
                 "pass a torchvision state dict (.pth, .npz or .safetensors), "
                 "e.g. --pretrained=resnet18-f37072fd.pth"
             )

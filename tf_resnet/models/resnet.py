@@ -26,6 +26,29 @@ POOLING = {
 }
 
 
+# Each family's builder, registered where it is defined (`builds`), so
+# the family table (`config.families`) has no second table to follow.
+BUILDERS = {}
+
+
+def builds(family):
+    """Registers the decorated function as the builder of `family`'s models.
+
+    Args:
+      family: a `config.families.Family`; its `Variant`s' arguments are
+        what the builder is called with, besides the model's sizes.
+
+    Returns:
+      The decorator, which hands the function back unchanged.
+    """
+
+    def register(function):
+        BUILDERS[family] = function
+        return function
+
+    return register
+
+
 def resnet(
     stack_fn,
     num_classes,

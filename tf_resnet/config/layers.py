@@ -18,9 +18,8 @@ import dataclasses
 import json
 import os
 
-from tf_resnet import recipes
-from tf_resnet.errors import UserInputError
-from tf_resnet.settings import (
+from tf_resnet.config import presets
+from tf_resnet.config.settings import (
     CARRIED,
     GROUPS,
     TOP_LEVEL,
@@ -28,7 +27,8 @@ from tf_resnet.settings import (
     flatten,
     make_config,
 )
-from tf_resnet.validation import validate
+from tf_resnet.config.validation import validate
+from tf_resnet.errors import UserInputError
 
 CONFIG_FILE = "config.json"
 
@@ -75,12 +75,12 @@ def _layered(values, explicit, with_saved):
     layers = []
     preset = values.get("preset")
     if preset:
-        if preset not in recipes.PRESETS:
+        if preset not in presets.PRESETS:
             raise UserInputError(
                 f"unknown --preset={preset}; known: "
-                f"{', '.join(recipes.PRESETS)}"
+                f"{', '.join(presets.PRESETS)}"
             )
-        layers.append(recipes.PRESETS[preset])
+        layers.append(presets.PRESETS[preset])
     saved = None
     if with_saved:
         saved = load_saved(values.get("log_root") or RunConfig.log_root)
@@ -91,11 +91,11 @@ def _layered(values, explicit, with_saved):
     if "recipe" not in explicit:
         for layer in layers:
             recipe = layer.get("recipe", recipe)
-    if recipe not in recipes.RECIPES:
+    if recipe not in presets.RECIPES:
         raise UserInputError(
-            f"unknown --recipe={recipe}; known: {', '.join(recipes.RECIPES)}"
+            f"unknown --recipe={recipe}; known: {', '.join(presets.RECIPES)}"
         )
-    layers.insert(0, {**recipes.RECIPES[recipe], "recipe": recipe})
+    layers.insert(0, {**presets.RECIPES[recipe], "recipe": recipe})
     for layer in layers:
         for name, value in layer.items():
             if name not in explicit:

@@ -73,7 +73,7 @@ def set_fusion_threshold(pack_bytes):
         os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(pack_bytes))
 
 
-class HorovodMode(base.DistributionMode):
+class HorovodDistributor(base.Distributor):
     """Synchronous SGD: gradients summed over all ranks every step."""
 
     name = "horovod"
@@ -178,7 +178,7 @@ class HorovodMode(base.DistributionMode):
         hvd.shutdown()
 
 
-class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
+class HorovodAveragingDistributor(averaging.LocalSteps, HorovodDistributor):
     """`--distribution=averaging` on Horovod ranks (`averaging.py`)."""
 
     def average_in_place(self, variables):
@@ -186,10 +186,10 @@ class HorovodAveragingMode(averaging.LocalSteps, HorovodMode):
         average_in_place(variables)
 
 
-def make_mode(global_batch, dist, devices):
+def make_distributor(global_batch, dist, devices):
     """`--distribution=horovod`; start-up gave the rank its device."""
     del devices
-    return HorovodMode(
+    return HorovodDistributor(
         global_batch,
         dist.gradient_compression,
         dist.all_reduce_pack_bytes,
@@ -197,7 +197,7 @@ def make_mode(global_batch, dist, devices):
     )
 
 
-def make_averaging_mode(global_batch, dist, devices):
+def make_averaging_distributor(global_batch, dist, devices):
     """`--distribution=averaging` on Horovod ranks."""
     del devices
-    return HorovodAveragingMode(global_batch, dist.average_every)
+    return HorovodAveragingDistributor(global_batch, dist.average_every)

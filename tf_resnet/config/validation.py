@@ -3,15 +3,15 @@
 Each group is checked against its own declarations (`schema.check`: finite
 numbers, choices, bounds); then what ties fields of several groups
 together, the engine's own constraints, and whether the model's family
-takes the options given (`model_families`), all before any file is read
+takes the options given (`families`), all before any file is read
 or TensorFlow starts, each with one message.
 """
 
 import os
 
-from tf_resnet import engines, model_families, schema
+from tf_resnet.config import engines, families, schema
+from tf_resnet.config.settings import GROUPS
 from tf_resnet.errors import UserInputError
-from tf_resnet.settings import GROUPS
 
 
 def validate(config):
@@ -66,7 +66,7 @@ def validate(config):
         )
     # A model registered at run time (the tests') has no family here; its
     # builder checks its options.
-    variant = model_families.VARIANTS.get(model.model)
+    variant = families.VARIANTS.get(model.model)
     if variant is not None:
         variant.family.resolve(model.model, model.given())
     if optim.freeze_backbone_epochs and not model.pretrained:

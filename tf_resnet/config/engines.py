@@ -1,18 +1,20 @@
 """The registry of distribution engines: every fact of each, in one entry.
 
 An engine is one value of `--distribution`. Its `Engine` entry says
-everything the rest of the project needs to know about it: how its mode is
-made, how `auto` recognises a process started for it, its constraints,
-its launcher, how its processes are counted, which devices each takes,
-whose gradients make an update, what it needs installed and whether some
-of its processes only serve. `devices`, `detect`, `dry_run`, `modes` and
-the launchers read these fields; none of them tests an engine's name.
+everything the rest of the project needs to know about it: how its
+distributor is made, how `auto` recognises a process started for it, its
+constraints, its launcher, how its processes are counted, which devices
+each takes, whose gradients make an update, what it needs installed and
+whether some of its processes only serve. Start-up (`runtime.start`)
+turns `--distribution` into one `Engine` once; `devices`, `dry_run`,
+`distributors`, the launchers and the scaling model read its fields, and
+none of them looks an engine up by its name or tests the name.
 
 Modes are made by functions of this module that import their engine's
 module when called, so this registry (and the config that validates
 against it) stays free of TensorFlow and Horovod.
 
-A new engine is its mode module, one entry here and, if it needs one, a
+A new engine is its distributor module, one entry here and, if it needs one, a
 launcher. The training loop never learns which engine runs it.
 """
 
@@ -24,7 +26,8 @@ import shlex
 import sys
 from collections.abc import Callable
 
-from tf_resnet import detect, recipes, traffic
+from tf_resnet import detect, traffic
+from tf_resnet.config import presets
 from tf_resnet.errors import UserInputError
 
 # Not an engine: `resolve` makes it one from the launcher, else `running`
@@ -86,7 +89,7 @@ class Engine:
     Attributes:
       name: the `--distribution` value.
       summary: what it does, for docs and messages.
-      make: `(global_batch, dist, devices) -> base.DistributionMode`.
+      make: `(global_batch, dist, devices) -> base.Distributor`.
       recognise: `(dist or None) -> reason or None`: whether `auto` picks
         it for this process (horovodrun's ranks, `TF_CONFIG`, a Slurm job
         step: `detect`).
@@ -100,13 +103,13 @@ class Engine:
         launcher gave ranks (`detect`); None: one.
       update: whose gradients make one update (`Update`).
       per_process: one process per replica, each its own model (Horovod
-        ranks or workers of `launch.multi_worker`), not tf.distribute
+        ranks or workers of `launch.tf_config_cluster`), not tf.distribute
         replicas in one process.
       needs: what it imports that a requirement set may lack (`Needs`).
       without_needs: what to run instead where `needs` is missing.
       serve: `(dist) -> bool`: serves until killed and returns True when
         this process is only a server task.
-      averaging: `(global_batch, dist, devices)`: the `averaging` mode
+      averaging: `(global_batch, dist, devices)`: the `averaging` distributor
         over this engine's all-reduce, for the engines that carry it.
       compresses: its gradient all-reduce runs on float16 copies under
         `--gradient_compression=fp16`; the engines without one refuse it.
@@ -145,50 +148,50 @@ class Engine:
         return self.update is Update.WORKER
 
 
-# Each mode's module is imported when the mode is made (TensorFlow,
-# Horovod), not with this registry.
+# Each distributor's module is imported when the distributor is made
+# (TensorFlow, Horovod), not with this registry.
 
 
-def _default_mode(global_batch, dist, devices):
+def _default_distributor(global_batch, dist, devices):
     from tf_resnet.distribute import tf_strategy
 
-    return tf_strategy.make_default_mode(global_batch, dist, devices)
+    return tf_strategy.make_default_distributor(global_batch, dist, devices)
 
 
-def _mirrored_mode(global_batch, dist, devices):
+def _mirrored_distributor(global_batch, dist, devices):
     from tf_resnet.distribute import tf_strategy
 
-    return tf_strategy.make_mirrored_mode(global_batch, dist, devices)
+    return tf_strategy.make_mirrored_distributor(global_batch, dist, devices)
 
 
-def _horovod_mode(global_batch, dist, devices):
-    from tf_resnet.distribute import horovod_mode
+def _horovod_distributor(global_batch, dist, devices):
+    from tf_resnet.distribute import horovod_ranks
 
-    return horovod_mode.make_mode(global_batch, dist, devices)
-
-
-def _horovod_averaging_mode(global_batch, dist, devices):
-    from tf_resnet.distribute import horovod_mode
-
-    return horovod_mode.make_averaging_mode(global_batch, dist, devices)
+    return horovod_ranks.make_distributor(global_batch, dist, devices)
 
 
-def _multi_worker_mode(global_batch, dist, devices):
+def _horovod_averaging_distributor(global_batch, dist, devices):
+    from tf_resnet.distribute import horovod_ranks
+
+    return horovod_ranks.make_averaging_distributor(global_batch, dist, devices)
+
+
+def _multi_worker_distributor(global_batch, dist, devices):
     from tf_resnet.distribute import multi_worker
 
-    return multi_worker.make_mode(global_batch, dist, devices)
+    return multi_worker.make_distributor(global_batch, dist, devices)
 
 
-def _multi_worker_averaging_mode(global_batch, dist, devices):
+def _multi_worker_averaging_distributor(global_batch, dist, devices):
     from tf_resnet.distribute import multi_worker
 
-    return multi_worker.make_averaging_mode(global_batch, dist, devices)
+    return multi_worker.make_averaging_distributor(global_batch, dist, devices)
 
 
-def _parameter_server_mode(global_batch, dist, devices):
+def _parameter_server_distributor(global_batch, dist, devices):
     from tf_resnet.distribute import parameter_server
 
-    return parameter_server.make_mode(global_batch, dist, devices)
+    return parameter_server.make_distributor(global_batch, dist, devices)
 
 
 def _parameter_server_serve(dist):
@@ -197,7 +200,7 @@ def _parameter_server_serve(dist):
     return parameter_server.serve(dist)
 
 
-def _averaging_mode(global_batch, dist, devices):
+def _averaging_distributor(global_batch, dist, devices):
     transport, _ = averaging_transport(dist)
     return ENGINES[transport].averaging(global_batch, dist, devices)
 
@@ -281,27 +284,27 @@ ENGINES = {
         Engine(
             "default",
             "one device: a GPU if asked for, else the CPU",
-            _default_mode,
+            _default_distributor,
             fallback=lambda replicas: replicas <= 1,
         ),
         Engine(
             "mirrored",
             "MirroredStrategy over this machine's GPUs (or --cpu_replicas)",
-            _mirrored_mode,
+            _mirrored_distributor,
             fallback=lambda replicas: replicas > 1,
             compresses=True,
         ),
         Engine(
             "horovod",
             "synchronous all-reduce over Horovod ranks, one device each",
-            _horovod_mode,
+            _horovod_distributor,
             recognise=_horovod_ranks,
             check=_one_device_per_process,
             launcher="horovod",
             devices=Devices.RANK,
             per_process=True,
             needs=HOROVOD,
-            averaging=_horovod_averaging_mode,
+            averaging=_horovod_averaging_distributor,
             compresses=True,
             packs="HOROVOD_FUSION_THRESHOLD (an explicit one wins)",
             overlaps=True,
@@ -310,23 +313,23 @@ ENGINES = {
         Engine(
             "averaging",
             "local steps, weights averaged every --average_every steps",
-            _averaging_mode,
+            _averaging_distributor,
             check=_check_averaging,
-            launcher="multi_worker",
+            launcher="tf_config_cluster",
             devices=Devices.RANK,
             workers=detect.cluster_workers,
             update=Update.PROCESS,
             per_process=True,
             needs=HOROVOD,
             without_needs="or run the workers without it: python -m "
-            "tf_resnet.launch.multi_worker --np=N -- "
+            "tf_resnet.launch.tf_config_cluster --np=N -- "
             "--distribution=averaging ...",
             traffic=traffic.ALL_REDUCE_EVERY,
         ),
         Engine(
             "parameter_server",
             "asynchronous SGD: a coordinator, ps and worker tasks",
-            _parameter_server_mode,
+            _parameter_server_distributor,
             recognise=_parameter_server_cluster,
             launcher="ps",
             devices=Devices.WORKER_TASKS,
@@ -338,13 +341,13 @@ ENGINES = {
         Engine(
             "multi_worker",
             "synchronous all-reduce with MultiWorkerMirroredStrategy",
-            _multi_worker_mode,
+            _multi_worker_distributor,
             recognise=lambda dist: detect.multi_worker_cluster(),
             check=_check_multi_worker,
-            launcher="multi_worker",
+            launcher="tf_config_cluster",
             devices=Devices.NODE,
             workers=detect.cluster_workers,
-            averaging=_multi_worker_averaging_mode,
+            averaging=_multi_worker_averaging_distributor,
             compresses=True,
             packs="CommunicationOptions(bytes_per_pack)",
             overlaps=True,
@@ -421,8 +424,8 @@ def devices_rule(name):
     return Devices.ASKED if name == AUTO else get(name).devices
 
 
-def processes_in_sync(name, worker_hosts=()):
-    """Processes whose replicas one step of the engine `name` spans.
+def processes_in_sync(engine, worker_hosts=()):
+    """Processes whose replicas one step of `engine` spans.
 
     Horovod ranks (whatever the engine: `resolve` allows only the engines
     that run on them); else the engine's own count of its workers
@@ -431,8 +434,7 @@ def processes_in_sync(name, worker_hosts=()):
     ranks, _ = detect.launcher_world_size()
     if ranks > 1:
         return ranks
-    engine = ENGINES.get(name)
-    if engine is None or engine.workers is None:
+    if engine.workers is None:
         return 1
     return engine.workers(worker_hosts) or 1
 
@@ -456,7 +458,7 @@ def resolve(distribution, preset=None, dist=None):
 
     `auto` asks each engine in turn whether the process was started for it
     (`Engine.recognise`); if none says so it stays `auto`, which becomes
-    the `fallback` engine of the process's devices when its mode is made.
+    the `fallback` engine of the process's devices when its distributor is made.
 
     Args:
       distribution: the resolved `--distribution` value.
@@ -485,7 +487,7 @@ def resolve(distribution, preset=None, dist=None):
             )
         )
     if distribution != AUTO:
-        if recipes.PRESETS.get(preset, {}).get("distribution") == distribution:
+        if presets.PRESETS.get(preset, {}).get("distribution") == distribution:
             return distribution, f"--preset={preset}"
         return distribution, "--distribution"
     for engine in ENGINES.values():

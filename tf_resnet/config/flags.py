@@ -22,7 +22,7 @@ import sys
 
 from absl import flags
 
-from tf_resnet import config, schema, settings
+from tf_resnet.config import layers, schema, settings
 
 FLAGS = flags.FLAGS
 USAGE_ERROR = 2  # resnet_main's exit code for bad input, flags included.
@@ -168,12 +168,12 @@ def config_from_flags(flag_values=FLAGS):
     Flags given on the command line win over `--preset` and over the saved
     configuration of the run in `--log_root` (`config.resolve`).
     """
-    return config.resolve(*_given(flag_values))
+    return layers.resolve(*_given(flag_values))
 
 
 def taken_from_saved(flag_values=FLAGS):
     """The settings `--log_root`'s `config.json` gave, not the flags."""
-    return config.taken_from_saved(*_given(flag_values))
+    return layers.taken_from_saved(*_given(flag_values))
 
 
 def _given(flag_values):

@@ -1,9 +1,9 @@
-"""Every model by name, its family, and the options a family takes.
+"""Every model by name, its family, the options a family takes: the model group.
 
 Each option (`--shortcut`, `--stem`, ...) is one field of `ModelOptions`,
 declared with `schema.setting`. The same field is the option the builder
-(`models.resnet`) or the blocks read, the run's setting
-(`settings.ModelConfig` extends `ModelOptions`) and so its flag: a new
+(`models.resnet`) or the blocks read, the run's setting (`ModelConfig`,
+the model group of the settings, extends `ModelOptions`) and so its flag: a new
 option is a field here plus the code that reads it. A `Family` says which
 options its models take and its own defaults, so a family whose
 architecture has no use for an option refuses it with one clear error
@@ -16,10 +16,11 @@ TensorFlow, so that the config reads it without TensorFlow.
 """
 
 import dataclasses
+import sys
 
-from tf_resnet import schema
+from tf_resnet.config import schema
+from tf_resnet.config.schema import BELOW_ONE, setting
 from tf_resnet.errors import UserInputError
-from tf_resnet.schema import BELOW_ONE, setting
 
 SHORTCUTS = ("zero_pad", "projection")
 STEMS = ("imagenet", "cifar")
@@ -193,3 +194,35 @@ VARIANTS = {
 def models_of(family):
     """The names of `family`'s models, in the order of `VARIANTS`."""
     return tuple(n for n, v in VARIANTS.items() if v.family is family)
+
+
+def registered_models():
+    """`--model`'s choices: the models `tf_resnet.models` can build.
+
+    Asked when the flags are defined, not when this module is imported: a
+    script may register a model of its own first (the tests' small
+    models, in `models.MODELS`). Read from the model package where it is
+    loaded (a run loads it before defining its flags); the shipped ones,
+    `VARIANTS`, where it is not, so asking imports no TensorFlow.
+    """
+    models = sys.modules.get("tf_resnet.models")
+    return tuple(sorted(VARIANTS if models is None else models.MODELS))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(ModelOptions):
+    """The architecture, where its weights start, and its options.
+
+    The options (`--shortcut`, `--stem`, ...) are the inherited fields of
+    `ModelOptions`: one declaration is the flag, the setting and what the
+    builder reads. `given()` hands those set to `models.build_model`.
+    """
+
+    model: str = setting("resnet20", "Architecture.", choices=registered_models)
+    pretrained: str = setting(
+        "",
+        "Start from ImageNet weights: 'imagenet' (Keras' ResNet50 file in "
+        "~/.keras/models/, resnet50 only) or a local torchvision state dict "
+        f"(.pth/.npz/.safetensors, {IMAGENET_LABEL}). The classifier is "
+        "re-initialised for the dataset's classes.",
+    )

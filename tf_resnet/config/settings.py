@@ -1,16 +1,17 @@
 """Every setting of a run, in groups: each defined once, as a field.
 
-Every setting is a field of one group below, declared with
-`schema.setting`: its default, flag help, choices and bounds are defined
-there and nowhere else. `flags` generates the absl flag of the same name
-from the field, `validation.validate` checks every group against the same
-declarations, and `config.resolve` fills a `Config` from its layers (the
-defaults, recipes and presets, the run's saved `config.json`, the flags).
+Every setting is a field of one group, declared with `schema.setting`:
+its default, flag help, choices and bounds are defined there and nowhere
+else. `flags` generates the absl flag of the same name from the field,
+`validation.validate` checks every group against the same declarations,
+and `layers.resolve` fills a `Config` from its layers (the defaults,
+recipes and presets, the run's saved `config.json`, the flags).
 
-The model options and the input knobs are declared on the types their
-readers take: `ModelConfig` extends `model_families.ModelOptions` and
-`DataConfig` extends `input_options.InputKnobs`, so each is one field, a
-setting here and an option there.
+The data and model groups are declared beside the facts they choose from,
+on the types their readers take: `datasets.DataConfig` (the input knobs,
+`InputKnobs`, and which dataset where) and `families.ModelConfig` (the
+model options, `ModelOptions`, and which model from which weights). The
+other groups are declared here.
 
 This module imports no TensorFlow, so launchers and tools can read a run's
 configuration cheaply.
@@ -20,10 +21,11 @@ import dataclasses
 import json
 import os
 
-from tf_resnet import dataset_facts, detect, engines, recipes, traffic
-from tf_resnet.input_options import InputKnobs
-from tf_resnet.model_families import IMAGENET_LABEL, ModelOptions
-from tf_resnet.schema import (
+from tf_resnet import detect, traffic
+from tf_resnet.config import engines, presets
+from tf_resnet.config.datasets import DataConfig
+from tf_resnet.config.families import ModelConfig
+from tf_resnet.config.schema import (
     AT_LEAST_ONE,
     BELOW_ONE,
     FRACTION,
@@ -33,84 +35,6 @@ from tf_resnet.schema import (
 )
 
 MODES = ("train", "eval", "export")
-
-
-def registered_models():
-    """`--model`'s choices: the models `tf_resnet.models` can build.
-
-    Asked when the flags are defined, not when this module is imported: a
-    script may register a model of its own first (the tests' small
-    models). The shipped ones are `model_families.VARIANTS`.
-    """
-    from tf_resnet import models  # TensorFlow: only when asked.
-
-    return tuple(sorted(models.MODELS))
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig(InputKnobs):
-    """Which dataset, where its files are, and how they are read.
-
-    The knobs of every input pipeline (`--normalization`, `--cutout_size`,
-    ...) are the inherited fields of `InputKnobs`: one declaration is the
-    flag, the setting and what the pipeline reads.
-    """
-
-    dataset: str = setting(
-        "cifar10",
-        "Dataset.",
-        choices=tuple(sorted(dataset_facts.DATASETS)),
-    )
-    data_source: str | None = setting(
-        None,
-        "On-disk format; default: inferred (folder for tinyimagenet; binary "
-        "or pickle from the CIFAR files' first bytes). binary (official CIFAR "
-        "binaries), pickle (official CIFAR python pickles: data_batch_*, "
-        "test_batch; cifar-100-python/train, test), tfds (CIFAR prepared by "
-        "tensorflow-datasets in --tfds_data_dir; never downloads, never "
-        "inferred), folder (--dataset=tinyimagenet: tiny-imagenet-200 root "
-        "as both data paths).",
-        choices=("binary", "pickle", "tfds", "folder"),
-    )
-    train_data_path: str = setting(
-        "",
-        "Glob of training files, e.g. cifar-10-batches-bin/data_batch*, "
-        "cifar-100-binary/train.bin.",
-    )
-    eval_data_path: str = setting(
-        "",
-        "Glob of evaluation files, e.g. cifar-10-batches-bin/test_batch.bin.",
-    )
-    tfds_data_dir: str = setting(
-        "",
-        "--data_source=tfds: TFDS data dir of the prepared dataset (empty: "
-        "~/tensorflow_datasets), for both splits.",
-    )
-
-    def split_path(self, training):
-        """The path a split is read from (TFDS reads one data dir)."""
-        if self.data_source == "tfds":
-            return self.tfds_data_dir
-        return self.train_data_path if training else self.eval_data_path
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig(ModelOptions):
-    """The architecture, where its weights start, and its options.
-
-    The options (`--shortcut`, `--stem`, ...) are the inherited fields of
-    `ModelOptions`: one declaration is the flag, the setting and what the
-    builder reads. `given()` hands those set to `models.build_model`.
-    """
-
-    model: str = setting("resnet20", "Architecture.", choices=registered_models)
-    pretrained: str = setting(
-        "",
-        "Start from ImageNet weights: 'imagenet' (Keras' ResNet50 file in "
-        "~/.keras/models/, resnet50 only) or a local torchvision state dict "
-        f"(.pth/.npz/.safetensors, {IMAGENET_LABEL}). The classifier is "
-        "re-initialised for the dataset's classes.",
-    )
 
 
 @dataclasses.dataclass
@@ -460,13 +384,13 @@ class Config:
         None,
         "Hyperparameters of a course assignment (docs/recipes.md); flags "
         "given explicitly still win.",
-        choices=tuple(sorted(recipes.PRESETS)),
+        choices=tuple(sorted(presets.PRESETS)),
     )
     recipe: str = setting(
         "paper",
         "A group of the recipe flags: paper (the original step schedule) or "
         "fast (short budgets). Flags given explicitly win.",
-        choices=tuple(sorted(recipes.RECIPES)),
+        choices=tuple(sorted(presets.RECIPES)),
     )
 
     def to_json(self):

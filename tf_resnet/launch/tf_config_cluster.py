@@ -1,6 +1,6 @@
 """Runs multi-worker all-reduce training on this machine: N equal workers.
 
-  python -m tf_resnet.launch.multi_worker --np=2 -- \
+  python -m tf_resnet.launch.tf_config_cluster --np=2 -- \
       --dataset=cifar10 --train_data_path='cifar-10-batches-bin/data_batch*' \
       --eval_data_path=cifar-10-batches-bin/test_batch.bin \
       --log_root=/tmp/mw_run
@@ -31,15 +31,15 @@ import json
 import os
 import sys
 
-from tf_resnet import engines
+from tf_resnet.config import engines
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
 # The engines these workers can run.
-WORKER_ENGINES = engines.launched_by("multi_worker")
+WORKER_ENGINES = engines.launched_by("tf_config_cluster")
 # The engine a worker runs when its flags name none.
 DEFAULT_ENGINE = "multi_worker"
-log = cli.logger("launch.multi_worker")
+log = cli.logger("launch.tf_config_cluster")
 
 
 def resume_advice(main_flags):
@@ -69,7 +69,7 @@ def parse_args(argv):
     """The launcher's own flags; those after `--` go to `resnet_main.py`."""
     parser = cli.Parser(
         log,
-        prog="python -m tf_resnet.launch.multi_worker",
+        prog="python -m tf_resnet.launch.tf_config_cluster",
         description="Starts --np workers of --distribution=multi_worker on "
         "this machine. Flags after -- go to every resnet_main.py.",
     )
