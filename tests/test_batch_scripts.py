@@ -55,7 +55,7 @@ from tests.helpers import (
     on_newest_set,
     requires_horovod,
 )
-from tf_resnet.recipes import PRESETS
+from tf_resnet.config.presets import PRESETS
 
 FAKES = {
     "scontrol": """
