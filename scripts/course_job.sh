@@ -8,6 +8,9 @@
 # the repository root, which holds .venv/):
 #   REPO         the repository (default: the submit directory)
 #   PYTHON       its interpreter (default: $REPO/.venv/bin/python)
+#   BATCH_PYTHON the interpreter of the job's own decisions and messages
+#                (tf_resnet/launch/batch_job.py: standard library only;
+#                default: $REPO/.venv/bin/python if it exists, else PYTHON)
 #   DATA_ROOT    where the datasets are (default: $REPO/datasets, where
 #                data/download.py puts them): cifar-100-binary/{train,test}.bin,
 #                tiny-imagenet-200/; the job's first line says what it reads
@@ -39,7 +42,8 @@
 #   MAX_REQUEUES Slurm: how often a job whose step lost a task (a node gone:
 #                exit 4) requeues itself (default 2)
 #   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
-#                (default: the job's base port, see job_port)
+#                (default: the job's base port, see job_port in
+#                tf_resnet/launch/batch_job.py)
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
 #   PS_PORT      async task: task i listens on PS_PORT + i (default: the
 #                job's base port)
@@ -71,13 +75,32 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
 DATA_ROOT=${DATA_ROOT:-$REPO/datasets}
 # The run directory and the script that submits the task again, once known
-# (`set_run_dir`); the signal that stopped the job, if one did.
+# (`check_task_data`); the signal that stopped the job, if one did.
 RUN_DIR="" JOB_SCRIPT="" STOPPED=""
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 # ${a[@]+"${a[@]}"}: an empty array, which bash before 4.4 calls unbound
 # under set -u.
 
 log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
+
+# The job's decisions and messages: tf_resnet/launch/batch_job.py of the
+# checkout this file is in (standard library only, no TensorFlow), run by
+# BATCH_PYTHON with the shell's variables. It logs its own lines; what it
+# prints is read back, a value a line. It ignores the stop signals, which
+# qdel sends to every process of the job: killed, it would fail, and set
+# -e end the job before it says where the run stopped.
+TF_RESNET_SRC=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [[ -z ${BATCH_PYTHON:-} ]]; then
+  BATCH_PYTHON=$PYTHON
+  if [[ -x $REPO/.venv/bin/python ]]; then BATCH_PYTHON=$REPO/.venv/bin/python; fi
+fi
+batch_job() (
+  trap '' TERM INT
+  SCHEDULER=$SCHEDULER REPO=$REPO PYTHON=$PYTHON DATA_ROOT=$DATA_ROOT \
+    RUN_DIR=$RUN_DIR JOB_SCRIPT=$JOB_SCRIPT PWD=$PWD \
+    PYTHONPATH=$TF_RESNET_SRC${PYTHONPATH:+:$PYTHONPATH} \
+    exec "$BATCH_PYTHON" -S -m tf_resnet.launch.batch_job "$@"
+)
 
 # `module load $MODULES`, where a cluster has environment modules; nothing
 # when MODULES is empty. Batch shells do not always define `module`: it is
@@ -127,31 +150,19 @@ load_modules
 # a lost task requeues the job. Returns the command's exit code, or the
 # failed task's.
 run_job_command() {
-  local code=0 failed_at=0 failed=""
+  local code=0 failed=""
   REQUEUE=0 STOPPED=""
   "$@" &
   JOB_COMMAND=$!
   record_stop_signals
   trap 'time_limit_near' USR1
-  while kill -0 "$JOB_COMMAND" 2>/dev/null; do
-    if [[ -n ${STEP_STATUS:-} ]] && ((!failed_at)); then
-      failed=$(failed_task)
-      if [[ -n $failed ]]; then
-        failed_at=$SECONDS
-        log "task ${failed% *} of the job step exited with code ${failed#* }"
-      fi
-    fi
-    if ((failed_at && SECONDS - failed_at >= ${STEP_GRACE:-30})); then
-      log "the job step still runs ${STEP_GRACE:-30}s after a task failed" \
-        "(a lost node?): ending it"
-      kill -KILL "$JOB_COMMAND" 2>/dev/null || true
-    fi
-    sleep 1 || true # The stop signal ends sleep too (and set -e the job).
-  done
+  watch_job_command
   wait "$JOB_COMMAND" || code=$?
   record_stop_signals
   if [[ -n ${STEP_STATUS:-} ]]; then
-    failed=$(failed_task) # Every task that exited has written its code.
+    # Every task that exited has written its code. (A command substitution
+    # that a stop signal ends fails: not a reason to end the job there.)
+    failed=$(batch_job failed_task "$STEP_STATUS") || failed=""
     rm -rf "$STEP_STATUS"
     rmdir "$(dirname "$STEP_STATUS")" 2>/dev/null || true
     STEP_STATUS=""
@@ -167,9 +178,31 @@ run_job_command() {
     # As the training processes exit, whatever a launcher made of it.
     code=$((128 + $(kill -l "$STOPPED")))
   elif [[ -n $failed ]]; then
-    log "error: task ${failed% *} exited with code $code: $(exit_cause "$code")"
+    log "error: task ${failed% *} exited with code $code:" \
+      "$(batch_job exit_cause "$code")"
   fi
   return "$code"
+}
+
+# Returns once JOB_COMMAND has exited, polling every second. A task of the
+# job step (STEP_STATUS) that failed ends the step STEP_GRACE seconds later.
+watch_job_command() {
+  local failed_at=0 failed
+  while kill -0 "$JOB_COMMAND" 2>/dev/null; do
+    if [[ -n ${STEP_STATUS:-} ]] && ((!failed_at)); then
+      failed=$(batch_job failed_task "$STEP_STATUS") || failed=""
+      if [[ -n $failed ]]; then
+        failed_at=$SECONDS
+        log "task ${failed% *} of the job step exited with code ${failed#* }"
+      fi
+    fi
+    if ((failed_at && SECONDS - failed_at >= ${STEP_GRACE:-30})); then
+      log "the job step still runs ${STEP_GRACE:-30}s after a task failed" \
+        "(a lost node?): ending it"
+      kill -KILL "$JOB_COMMAND" 2>/dev/null || true
+    fi
+    sleep 1 || true # The stop signal ends sleep too (and set -e the job).
+  done
 }
 
 # A stop signal only sets STOPPED, during the training and after it (Slurm
@@ -179,16 +212,6 @@ record_stop_signals() {
   trap 'STOPPED=TERM' TERM
   trap 'STOPPED=INT' INT
   trap - USR1
-}
-
-# What resnet_main's exit code $1 says went wrong.
-exit_cause() {
-  case $1 in
-    2) echo "bad flags or data (its error: line above names them)" ;;
-    3) echo "the training diverged (its error: line above names the step)" ;;
-    4) echo "it lost a peer: a node or a process of the job is gone" ;;
-    *) echo "see its output above" ;;
-  esac
 }
 
 # The shell every task or rank runs: in $1 (REPO), the rest of its
@@ -216,7 +239,7 @@ step_command() {
   local mpi=$1 tasks=$2 index=""
   shift 2
   if [[ $1 == --task_index ]]; then index=1 && shift; fi
-  STEP_STATUS=$(step_status_dir)
+  STEP_STATUS=$(batch_job step_dir)
   STEP=(srun --ntasks="$tasks" --distribution=block --mpi="$mpi" /bin/bash
     -c "$TASK_SHELL" task "$REPO" "$STEP_STATUS" "$index" "$@")
 }
@@ -225,49 +248,14 @@ step_command() {
 # mpirun, in TASK_SHELL: its exit code is kept, where the launcher would
 # exit 1 for any failed rank.
 rank_command() {
-  STEP_STATUS=$(step_status_dir)
+  STEP_STATUS=$(batch_job step_dir)
   RANK=(/bin/bash -c "$TASK_SHELL" rank "$REPO" "$STEP_STATUS" "" "$@")
-}
-
-# A fresh folder for the exit codes of this run of the job: on the shared
-# file system (the tasks run on other nodes), beside the job's output.
-step_status_dir() {
-  local dir=${SLURM_SUBMIT_DIR:-$PWD}/.tf-resnet-steps/$(job_id).${SLURM_RESTART_COUNT:-0}
-  rm -rf "$dir" && mkdir -p "$dir"
-  echo "$dir"
-}
-
-# "<task> <code>" of the first task of the step that exited non-zero,
-# preferring one that failed of itself to one that lost its peers (4): the
-# others of a job whose task failed exit 4.
-failed_task() {
-  local file code lost=""
-  for file in "$STEP_STATUS"/*; do
-    [[ -f $file ]] || continue
-    code=$(<"$file")
-    if [[ $code == 4 ]]; then
-      lost=${lost:-"$(basename "$file") $code"}
-    elif [[ -n $code && $code != 0 ]]; then
-      echo "$(basename "$file") $code"
-      return
-    fi
-  done
-  if [[ -n $lost ]]; then echo "$lost"; fi
 }
 
 # A task lost its peers (a node or a process of the step gone): what a
 # requeue fixes, from the last checkpoint, up to MAX_REQUEUES times.
 requeue_after_lost_task() {
-  local restarts=${SLURM_RESTART_COUNT:-0}
-  if [[ $SCHEDULER != slurm ]]; then return; fi
-  if ((restarts >= ${MAX_REQUEUES:-2})); then
-    log "a task lost its peers again; restarted $restarts times already" \
-      "(MAX_REQUEUES=${MAX_REQUEUES:-2}): not requeueing"
-    return
-  fi
-  log "a task lost its peers (exit 4): requeueing, restart $((restarts + 1))" \
-    "of at most ${MAX_REQUEUES:-2}"
-  REQUEUE=1
+  if batch_job lost_task; then REQUEUE=1; fi
 }
 
 # Runs a launcher (horovodrun) that would end its children on SIGTERM with
@@ -315,197 +303,45 @@ requeue_job() {
     report_stop
     return
   fi
-  log "requeueing job $SLURM_JOB_ID; it resumes from $(newest_checkpoint)"
+  batch_job requeue_line
   scontrol requeue "$SLURM_JOB_ID"
 }
 
-# The job's last line after a stop signal (scancel, preemption, a requeue,
-# qdel): where the run stopped and how it goes on. The training processes
-# say so too, but a launcher may drop their last lines (horovodrun ends the
-# ssh sessions of other nodes' ranks on SIGTERM), so the job says it from
-# what is on disk. RUN_DIR is the run directory (`set_run_dir`).
-report_stop() {
-  local how="LOG_ROOT=$RUN_DIR sbatch $JOB_SCRIPT"
-  if [[ $SCHEDULER == pbs ]]; then how="qsub -v LOG_ROOT=$RUN_DIR $JOB_SCRIPT"; fi
-  log "stopped${STOPPED:+ by SIG$STOPPED}; the newest checkpoint:" \
-    "$(newest_checkpoint)"
-  log "to resume there, submit it again from the repository with the same" \
-    "LOG_ROOT: $how (a job the scheduler requeues resumes by itself)"
-}
+# The job's last lines after a stop signal (scancel, preemption, a requeue,
+# qdel): where the run stopped, from what is on disk, and how it goes on.
+report_stop() { batch_job stop_report "$STOPPED"; }
 
-# "step N (DIR/ckpt-N)" for the run's newest checkpoint, from
-# TensorFlow's `checkpoint` index in RUN_DIR; "none" before the first.
-newest_checkpoint() {
-  local index=${RUN_DIR:-}/checkpoint name
-  name=$(sed -n 's/^model_checkpoint_path: "\(.*\)"$/\1/p' "$index" \
-    2>/dev/null) || true
-  if [[ -z $name ]]; then
-    echo "none in ${RUN_DIR:-the run directory}, so it starts over"
-    return
-  fi
-  name=${name##*/}
-  echo "step ${name##*-} ($RUN_DIR/$name)"
-}
-
-# RUN_DIR, the run directory of task $1 (LOG_ROOT, else $HOME/runs/<task>-
-# <job id>, so a requeued job, whose id is kept, resumes; a --log_root in
-# EXTRA_FLAGS wins, as it does on resnet_main's command line), and
-# JOB_SCRIPT, the script that submits the task again.
-set_run_dir() {
-  local flag extension=sbatch
-  RUN_DIR=${LOG_ROOT:-$HOME/runs/$1-$(job_id)}
-  for flag in ${EXTRA[@]+"${EXTRA[@]}"}; do
-    if [[ $flag == --log_root=* ]]; then RUN_DIR=${flag#*=}; fi
-  done
-  if [[ $SCHEDULER == pbs ]]; then extension=pbs; fi
-  JOB_SCRIPT=scripts/$SCHEDULER/$1.$extension
-}
-
-job_id() {
-  if [[ $SCHEDULER == slurm ]]; then
-    echo "$SLURM_JOB_ID"
-  else
-    echo "${PBS_JOBID%%.*}"
-  fi
-}
-
-# One line per task slot of the allocation, its host, in task order.
-job_slots() {
-  if [[ $SCHEDULER == pbs ]]; then
-    cat "$PBS_NODEFILE"  # Each host once per slot (ppn), in order.
-    return
-  fi
-  # SLURM_TASKS_PER_NODE reads like "4(x2),2": 4 tasks on each of the
-  # first two hosts, then 2.
-  local hosts counts=() item count times i k
-  mapfile -t hosts < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-  IFS=, read -ra items <<<"$SLURM_TASKS_PER_NODE"
-  for item in "${items[@]}"; do
-    count=${item%%(*}
-    times=1
-    if [[ $item == *x* ]]; then
-      times=${item#*x}
-      times=${times%)}
-    fi
-    for ((k = 0; k < times; k++)); do counts+=("$count"); done
-  done
-  for i in "${!hosts[@]}"; do
-    for ((k = 0; k < counts[i]; k++)); do echo "${hosts[i]}"; done
-  done
-}
-
-# horovodrun's -H: host1:4,host2:4, each host with its slots, in
-# allocation order.
-horovod_hosts() {
-  job_slots | awk '!n[$1]++ { order[++k] = $1 } END {
-    for (i = 1; i <= k; i++) printf "%s%s:%d", (i > 1 ? "," : ""),
-      order[i], n[order[i]] }'
-}
-
-# The first port of this job's servers: 10000 + 100 * (job id mod 200), so
-# that jobs sharing a node listen on ports of their own (up to 100 task
-# slots). A fixed port is not enough: TensorFlow's gRPC servers bind with
-# SO_REUSEPORT, so a second job's server on the same port starts without an
-# error and the two jobs' processes reach each other's servers. The ports
-# stay below 32768, where Linux's default range for outgoing connections
-# starts: a server there can find its port taken by any connection.
-job_port() {
-  local id
-  id=$(job_id)
-  echo $((10000 + 100 * (${id//[^0-9]/} % 200)))
-}
-
-# host:port of each task slot, in slot order: slot i listens on port $1+i.
-slot_addresses() {
-  local port=$1 slots i
-  mapfile -t slots < <(job_slots)
-  for i in "${!slots[@]}"; do echo "${slots[i]}:$((port + i))"; done
-}
-
-# A task's training path, evaluation path and download.py's flag for them,
-# one a line (a path may hold spaces).
-task_data() {
-  case $1 in
-    course_tinyimagenet)
-      printf '%s\n' "${TRAIN_DATA:-$DATA_ROOT/tiny-imagenet-200}" \
-        "${EVAL_DATA:-$DATA_ROOT/tiny-imagenet-200}" --dataset=tinyimagenet
-      ;;
-    *)
-      printf '%s\n' "${TRAIN_DATA:-$DATA_ROOT/cifar-100-binary/train.bin}" \
-        "${EVAL_DATA:-$DATA_ROOT/cifar-100-binary/test.bin}" --dataset=cifar100
-      ;;
-  esac
-}
-
-# The weights resnet18_cifar100 starts from.
-task_weights() {
-  echo "${PRETRAINED:-$REPO/weights/resnet18-f37072fd.pth}"
+# Sets RUN_DIR, JOB_SCRIPT (the script that submits task $1 again) and
+# FLAGS (its data, run directory and weights) after the job's first line,
+# what it reads; exits 2 where that is missing.
+check_task_data() {
+  local out
+  out=$(batch_job task "$1") || exit
+  mapfile -t FLAGS <<<"$out"
+  RUN_DIR=${FLAGS[0]} JOB_SCRIPT=${FLAGS[1]}
+  FLAGS=("${FLAGS[@]:2}")
 }
 
 # need_data PATH DOWNLOAD_FLAGS VARIABLES: one error line and exit 2 (bad
 # input, as resnet_main's) when PATH, a file, folder or glob, matches
-# nothing; it names PATH, the download that fetches it and the variables
-# that point elsewhere.
-need_data() {
-  compgen -G "$1" >/dev/null && return 0
-  log "error: $1: no such file or folder; download it first:" \
-    "$PYTHON $REPO/data/download.py $2 (or set $3)"
-  exit 2
-}
+# nothing; it names the download that fetches it and the variables.
+need_data() { batch_job need_data "$@" || exit; }
 
-# The job's first line: what it reads; then the check that it is there.
-check_task_data() {
-  local preset=$1 data
-  set_run_dir "$preset"
-  mapfile -t data < <(task_data "$preset")
-  log "$preset reads: train ${data[0]}, eval ${data[1]} (DATA_ROOT=$DATA_ROOT)"
-  local variables="DATA_ROOT, or TRAIN_DATA and EVAL_DATA"
-  need_data "${data[0]}" "${data[2]} --output_dir=$DATA_ROOT" "$variables"
-  need_data "${data[1]}" "${data[2]} --output_dir=$DATA_ROOT" "$variables"
-  if [[ $preset == resnet18_cifar100 ]]; then
-    need_data "$(task_weights)" --weights=resnet18 PRETRAINED
-  fi
-}
-
-# The flags of a task: its data, run directory and weights.
-task_flags() {
-  local data
-  mapfile -t data < <(task_data "$1")
-  echo "--train_data_path=${data[0]}"
-  echo "--eval_data_path=${data[1]}"
-  echo "--log_root=$RUN_DIR"
-  if [[ $1 == resnet18_cifar100 ]]; then
-    echo "--pretrained=$(task_weights)"
-  fi
-}
-
-# The GPUs the scheduler gave this node: Slurm's count, else the devices
-# CUDA_VISIBLE_DEVICES lists, else Torque's $PBS_GPUFILE (one line per GPU
-# of the job, as host-gpuN), else none.
-gpus_on_node() {
-  local ids
-  if [[ -n ${SLURM_GPUS_ON_NODE:-} ]]; then
-    echo "$SLURM_GPUS_ON_NODE"
-  elif [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
-    IFS=, read -ra ids <<<"$CUDA_VISIBLE_DEVICES"
-    echo "${#ids[@]}"
-  elif [[ -n ${PBS_GPUFILE:-} && -f $PBS_GPUFILE ]]; then
-    grep -c "^$(hostname)-gpu" "$PBS_GPUFILE" || true
-  else
-    echo 0
-  fi
-}
+# One line per task slot of the allocation, its host, in task order; and
+# horovodrun's -H (host1:4,host2:4).
+job_slots() { batch_job slots; }
+horovod_hosts() { batch_job horovod_hosts; }
 
 # A single-node task: one resnet_main.py process on the node's GPUs
 # (--num_gpus: one process uses only the GPUs it is asked to).
 train_single() {
-  local preset=$1 flags
+  local preset=$1 gpus
   check_task_data "$preset"
-  mapfile -t flags < <(task_flags "$preset")
+  gpus=$(batch_job gpus)
   cd "$REPO"
   log "$preset on $(hostname)"
-  run_job_command "$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}" \
-    --num_gpus="$(gpus_on_node)" ${EXTRA[@]+"${EXTRA[@]}"}
+  run_job_command "$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}" \
+    --num_gpus="$gpus" ${EXTRA[@]+"${EXTRA[@]}"}
 }
 
 # Synchronous all-reduce: one process per task slot, on every node, with
@@ -525,94 +361,57 @@ train_sync() {
 # One Horovod rank per task slot, started by LAUNCHER: horovodrun (ssh and
 # Gloo), srun (Slurm's PMIx or PMI2 and Horovod's MPI), mpirun (the MPI's
 # own launcher) or aprun (Cray ALPS, as the course's `aprun -n N -N 1`).
+# The launcher's command line is batch_job's (`horovod_launcher`).
 train_sync_horovod() {
-  local preset=$1 flags hosts ranks horovod_flags per_node
-  mapfile -t flags < <(task_flags "$preset")
-  read -ra horovod_flags <<<"${HOROVOD_FLAGS:-}"
-  hosts=$(horovod_hosts)
-  ranks=$(job_slots | wc -l)
-  if [[ ${LAUNCHER:-} == aprun ]]; then
-    # aprun -N: ranks per node, RANKS_PER_NODE or the first node's slots.
-    per_node=${RANKS_PER_NODE:-$(job_slots | uniq -c | awk 'NR == 1 {
-      print $1 }')}
-    hosts=$(job_slots | uniq | sed "s/\$/:$per_node/" | paste -sd,)
-    ranks=$(($(job_slots | uniq | wc -l) * per_node))
-  fi
-  local command=("$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}"
+  local preset=$1 launch
+  launch=$(batch_job launcher "$preset") || return
+  mapfile -t launch <<<"$launch"
+  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}"
     ${EXTRA[@]+"${EXTRA[@]}"})
   cd "$REPO"
-  log "$preset: $ranks ranks on $hosts (${LAUNCHER:-horovodrun})"
-  case ${LAUNCHER:-horovodrun} in
-    horovodrun)
-      # horovodrun starts the ranks of other hosts over ssh.
-      rank_command "${command[@]}"
-      run_job_command ignoring_term "$(dirname "$PYTHON")/horovodrun" \
-        -np "$ranks" -H "$hosts" --gloo \
-        ${horovod_flags[@]+"${horovod_flags[@]}"} "${RANK[@]}"
-      ;;
-    srun)
-      if [[ $SCHEDULER != slurm ]]; then
-        log "error: LAUNCHER=srun needs Slurm; use mpirun or horovodrun"
-        return 2
-      fi
-      step_command "${SRUN_MPI:-pmix}" "$ranks" "${command[@]}"
-      run_job_command "${STEP[@]}"
-      ;;
-    mpirun)
-      # Open MPI and MPICH read Slurm's allocation; under PBS without TM
-      # support they need the node file.
-      local hostfile=()
-      if [[ $SCHEDULER == pbs ]]; then hostfile=(-hostfile "$PBS_NODEFILE"); fi
-      rank_command "${command[@]}"
-      run_job_command ignoring_term mpirun -np "$ranks" \
-        ${hostfile[@]+"${hostfile[@]}"} "${RANK[@]}"
-      ;;
-    aprun)
-      # The batch shell runs on a service node; aprun places the ranks on
-      # the compute nodes, RANKS_PER_NODE on each, and passes SIGTERM on.
-      if [[ $SCHEDULER != pbs ]]; then
-        log "error: LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun"
-        return 2
-      fi
-      local aprun_flags
-      read -ra aprun_flags <<<"${APRUN_FLAGS:-}"
-      rank_command "${command[@]}"
-      run_job_command aprun -n "$ranks" -N "$per_node" \
-        ${aprun_flags[@]+"${aprun_flags[@]}"} "${RANK[@]}"
-      ;;
-    *)
-      log "error: LAUNCHER=$LAUNCHER: expected horovodrun, srun, mpirun or aprun"
-      return 2
-      ;;
-  esac
+  if [[ ${launch[0]} == srun ]]; then
+    step_command "${launch[1]}" "${launch[2]}" "${command[@]}"
+    run_job_command "${STEP[@]}"
+  else
+    rank_command "${command[@]}"
+    run_job_command "${launch[@]}" "${RANK[@]}"
+  fi
 }
 
 # One --distribution=multi_worker worker per task slot (TensorFlow's
 # MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun or by
 # pbsdsh -n i. Slot i listens on MW_PORT + i; slot 0 is the chief.
 train_sync_multi_worker() {
-  local preset=$1 flags addresses hosts i workers=() code=0
-  mapfile -t flags < <(task_flags "$preset")
-  mapfile -t addresses < <(slot_addresses "${MW_PORT:-$(job_port)}")
-  hosts=$(IFS=,; echo "${addresses[*]}")
+  local preset=$1 plan count hosts
+  plan=$(batch_job workers)  # How many, and their host:port list.
+  mapfile -t plan <<<"$plan"
+  count=${plan[0]} hosts=${plan[1]}
   cd "$REPO"
-  log "$preset: ${#addresses[@]} multi_worker workers at $hosts"
+  log "$preset: $count multi_worker workers at $hosts"
   # Everything as arguments (pbsdsh passes no environment), the engine's
   # flags last so that they win over EXTRA_FLAGS; each task first enters
   # the repository (pbsdsh starts tasks in $HOME).
-  local command=("$PYTHON" resnet_main.py --preset="$preset" "${flags[@]}"
+  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}"
     ${EXTRA[@]+"${EXTRA[@]}"} --distribution=multi_worker
     --worker_hosts="$hosts")
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot, its index from SLURM_PROCID; the step ends when
     # one fails.
-    step_command none "${#addresses[@]}" --task_index "${command[@]}"
+    step_command none "$count" --task_index "${command[@]}"
     run_job_command "${STEP[@]}"
     return
   fi
-  for i in "${!addresses[@]}"; do
+  pbs_workers "$count" "${command[@]}"
+}
+
+# Workers 0..$1-1 of the rest of the arguments, each started by pbsdsh -n i
+# with --task_index=i; returns the first failed worker's exit code.
+pbs_workers() {
+  local count=$1 i workers=() code=0
+  shift
+  for ((i = 0; i < count; i++)); do
     pbsdsh -n "$i" -- /bin/bash -c 'cd "$1" && shift && exec "$@"' \
-      task "$REPO" "${command[@]}" --task_index="$i" &
+      task "$REPO" "$@" --task_index="$i" &
     workers+=($!)
   done
   # A stop signal goes to every worker (each checkpoints its part); a
@@ -652,38 +451,22 @@ train_sync_multi_worker() {
 # Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others
 # workers; the coordinator runs here, in the batch shell on the first node.
 train_async() {
-  local preset=$1 flags num_ps=${NUM_PS:-1} addresses ps_hosts worker_hosts
-  local i code=0
+  local preset=$1 plan count ps_hosts worker_hosts code=0
   SERVERS=()  # The srun or pbsdsh processes that started the servers.
   check_task_data "$preset"
-  mapfile -t flags < <(task_flags "$preset")
-  mapfile -t addresses < <(slot_addresses "${PS_PORT:-$(job_port)}")
-  if ((${#addresses[@]} <= num_ps)); then
-    log "error: ${#addresses[@]} task slots for NUM_PS=$num_ps: no worker left"
-    return 2
-  fi
-  ps_hosts=$(IFS=,; echo "${addresses[*]:0:num_ps}")
-  worker_hosts=$(IFS=,; echo "${addresses[*]:num_ps}")
+  # The task slots, and the addresses of the servers and of the workers.
+  plan=$(batch_job servers) || return
+  mapfile -t plan <<<"$plan"
+  count=${plan[0]} ps_hosts=${plan[1]} worker_hosts=${plan[2]}
   cd "$REPO"
   log "$preset: ps $ps_hosts, workers $worker_hosts"
-  # The servers get everything as arguments: pbsdsh passes no environment.
-  local task=("$REPO/scripts/ps_task.sh" "$PYTHON" "$REPO" "$ps_hosts"
-    "$worker_hosts")
-  if [[ $SCHEDULER == slurm ]]; then
-    # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
-    srun --ntasks="${#addresses[@]}" --distribution=block --kill-on-bad-exit=1 \
-      --mpi=none "${task[@]}" &
-    SERVERS+=($!)
-  else
-    for i in "${!addresses[@]}"; do
-      pbsdsh -n "$i" -- "${task[@]}" "$i" &
-      SERVERS+=($!)
-    done
-  fi
+  start_servers "$count" "$ps_hosts" "$worker_hosts"
+  local addresses
+  IFS=, read -ra addresses <<<"$ps_hosts,$worker_hosts"
   wait_for_servers "${addresses[@]}" || code=$?
   if ((code == 0)); then
     "$PYTHON" resnet_main.py --preset="$preset" --ps_hosts="$ps_hosts" \
-      --worker_hosts="$worker_hosts" "${flags[@]}" \
+      --worker_hosts="$worker_hosts" "${FLAGS[@]}" \
       ${EXTRA[@]+"${EXTRA[@]}"} &
     watch_coordinator $! || code=$?
   fi
@@ -692,16 +475,43 @@ train_async() {
   log "stopping the ps and worker servers; they serve until killed, so" \
     "the launcher reports them killed"
   stop_servers
+  coordinator_ended "$code"
+}
+
+# The async job's last line: its requeue, where a stop left the run, or the
+# coordinator's exit code $1 (returned) and what it means.
+coordinator_ended() {
+  local code=$1
   if ((REQUEUE)); then
     requeue_job
   elif [[ -n $STOPPED ]]; then
     report_stop
   elif ((code)); then
-    log "error: the coordinator exited with code $code: $(exit_cause "$code")"
+    log "error: the coordinator exited with code $code:" \
+      "$(batch_job exit_cause "$code")"
   else
     log "coordinator exited with code 0"
   fi
   return "$code"
+}
+
+# Starts a ps or worker server on each of the $1 task slots, given the
+# --ps_hosts $2 and --worker_hosts $3, and adds their launchers to SERVERS.
+start_servers() {
+  local count=$1 i
+  # The servers get everything as arguments: pbsdsh passes no environment.
+  local task=("$REPO/scripts/ps_task.sh" "$PYTHON" "$REPO" "$2" "$3")
+  if [[ $SCHEDULER == slurm ]]; then
+    # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
+    srun --ntasks="$count" --distribution=block --kill-on-bad-exit=1 \
+      --mpi=none "${task[@]}" &
+    SERVERS+=($!)
+    return
+  fi
+  for ((i = 0; i < count; i++)); do
+    pbsdsh -n "$i" -- "${task[@]}" "$i" &
+    SERVERS+=($!)
+  done
 }
 
 # Waits for the coordinator (pid $1); returns its exit code. A stop signal

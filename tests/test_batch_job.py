@@ -1,0 +1,373 @@
+"""The batch jobs' decisions and messages (tf_resnet/launch/batch_job.py).
+
+What scripts/course_job.sh asks of the module, under both schedulers,
+without a scheduler, TensorFlow or a process: the allocation's task slots,
+the ports, the data and run directory of a task, which task a failed job
+step ends with, and the lines that say where a stopped run resumes. The
+scripts themselves run in tests/test_batch_scripts.py.
+"""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+from tf_resnet.launch import batch_job
+
+
+def slurm(**more):
+    """The environment course_job.sh passes in a Slurm job 4242."""
+    return {
+        "SCHEDULER": "slurm",
+        "SLURM_JOB_ID": "4242",
+        "REPO": "/repo",
+        "PYTHON": "/repo/.venv/bin/python",
+        "DATA_ROOT": "/repo/datasets",
+        "HOME": "/home/me",
+        **more,
+    }
+
+
+def pbs(nodefile, **more):
+    """The same in a PBS job 77.server with the node file `nodefile`."""
+    env = slurm(**more)
+    del env["SLURM_JOB_ID"]
+    return {
+        **env,
+        "SCHEDULER": "pbs",
+        "PBS_JOBID": "77.server",
+        "PBS_NODEFILE": str(nodefile),
+    }
+
+
+@pytest.mark.parametrize(
+    "text, counts",
+    [("2", [2]), ("4(x2),2", [4, 4, 2]), ("1(x3)", [1, 1, 1])],
+)
+def test_slurm_tasks_per_node(text, counts):
+    assert batch_job.tasks_per_node(text) == counts
+
+
+def test_slurm_slots_follow_the_node_list_and_task_counts():
+    env = slurm(SLURM_JOB_NODELIST="n[1-3]", SLURM_TASKS_PER_NODE="4(x2),2")
+    slots = batch_job.job_slots(env, hostnames=["n1", "n2", "n3"])
+    assert slots == ["n1"] * 4 + ["n2"] * 4 + ["n3"] * 2
+    assert batch_job.horovod_hosts(slots) == "n1:4,n2:4,n3:2"
+    assert batch_job.horovod_plan(slots, "srun") == (10, "n1:4,n2:4,n3:2", "")
+
+
+def test_pbs_slots_are_the_node_file(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("a\na\nb\nb\n")
+    env = pbs(nodefile)
+    assert batch_job.job_slots(env) == ["a", "a", "b", "b"]
+    assert batch_job.addresses(env, "MW_PORT") == [
+        "a:17700",
+        "a:17701",
+        "b:17702",
+        "b:17703",
+    ]
+
+
+def test_the_job_port_is_its_own_and_below_linux_outgoing_ports():
+    assert batch_job.job_port(slurm()) == 10000 + 100 * (4242 % 200)
+    assert batch_job.job_port(slurm(SLURM_JOB_ID="199")) == 29900
+    assert batch_job.job_port(slurm(SLURM_JOB_ID="200")) == 10000
+    # PBS's id without its server; an array job's index is part of it.
+    env = {"SCHEDULER": "pbs", "PBS_JOBID": "12[3].server"}
+    assert batch_job.job_id(env) == "12[3]"
+    assert batch_job.job_port(env) == 10000 + 100 * 123
+
+
+def test_a_port_variable_wins_over_the_job_port(tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("a\nb\n")
+    env = pbs(nodefile, PS_PORT="5000")
+    assert batch_job.addresses(env, "PS_PORT") == ["a:5000", "b:5001"]
+
+
+@pytest.mark.parametrize(
+    "slots, ranks_per_node, plan",
+    [
+        # The course's `aprun -n 2 -N 1` on nodes=2:ppn=16.
+        (["a"] * 16 + ["b"] * 16, "1", (2, "a:1,b:1", "1")),
+        # By default, the first node's task slots.
+        (["a", "a", "b", "b"], "", (4, "a:2,b:2", "2")),
+        (["a", "a", "a", "b"], "", (6, "a:3,b:3", "3")),
+    ],
+)
+def test_aprun_ranks_per_node(slots, ranks_per_node, plan):
+    assert batch_job.horovod_plan(slots, "aprun", ranks_per_node) == plan
+
+
+@pytest.mark.parametrize(
+    "scheduler, more, argv",
+    [
+        (
+            "slurm",
+            {"HOROVOD_FLAGS": "--network-interface ib0"},
+            ["ignoring_term", "/repo/.venv/bin/horovodrun", "-np", "4", "-H",
+             "a:2,b:2", "--gloo", "--network-interface", "ib0"],
+        ),
+        ("slurm", {"LAUNCHER": "srun"}, ["srun", "pmix", "4"]),
+        (
+            "slurm",
+            {"LAUNCHER": "srun", "SRUN_MPI": "pmi2"},
+            ["srun", "pmi2", "4"],
+        ),
+        (
+            "slurm",
+            {"LAUNCHER": "mpirun"},
+            ["ignoring_term", "mpirun", "-np", "4"],
+        ),
+        (
+            "pbs",
+            {"LAUNCHER": "mpirun"},
+            ["ignoring_term", "mpirun", "-np", "4", "-hostfile", "nodes"],
+        ),
+        (
+            "pbs",
+            {"LAUNCHER": "aprun", "RANKS_PER_NODE": "1",
+             "APRUN_FLAGS": "-d 16"},
+            ["aprun", "-n", "2", "-N", "1", "-d", "16"],
+        ),
+    ],
+)  # fmt: skip
+def test_horovod_launchers(scheduler, more, argv):
+    env = {**slurm(**more), "SCHEDULER": scheduler, "PBS_NODEFILE": "nodes"}
+    slots = ["a", "a", "b", "b"]
+    found, line, error = batch_job.horovod_launcher(env, "sync", slots)
+    assert (found, error) == (argv, None)
+    launcher = more.get("LAUNCHER", "horovodrun")
+    ranks = argv[2] if launcher == "aprun" else "4"
+    assert line.startswith(f"sync: {ranks} ranks on a:") and launcher in line
+
+
+@pytest.mark.parametrize(
+    "scheduler, launcher, error",
+    [
+        ("pbs", "srun", "LAUNCHER=srun needs Slurm; use mpirun or horovodrun"),
+        ("slurm", "aprun", "LAUNCHER=aprun is Cray ALPS under PBS; under "
+         "Slurm use srun"),
+        ("slurm", "ssh", "LAUNCHER=ssh: expected horovodrun, srun, mpirun or "
+         "aprun"),
+    ],
+)  # fmt: skip
+def test_a_launcher_of_another_scheduler_is_refused(scheduler, launcher, error):
+    env = {**slurm(LAUNCHER=launcher), "SCHEDULER": scheduler}
+    found = batch_job.horovod_launcher(env, "sync", ["a"])
+    assert found == (None, f"sync: 1 ranks on a:1 ({launcher})", error)
+
+
+def test_parameter_servers_take_the_first_slots():
+    found = ["a:1", "a:2", "b:3", "b:4"]
+    assert batch_job.parameter_servers(found, "1") == ("a:1", "a:2,b:3,b:4")
+    assert batch_job.parameter_servers(found, "2") == ("a:1,a:2", "b:3,b:4")
+    with pytest.raises(batch_job.JobError, match="^4 task slots for NUM_PS=4"):
+        batch_job.parameter_servers(found, "4")
+
+
+@pytest.mark.parametrize(
+    "codes, failed",
+    [
+        ({}, None),
+        ({"0": "0", "1": "0"}, None),
+        # A task that failed of itself wins over those that lost it.
+        ({"0": "4", "1": "2", "2": "4"}, ("1", "2")),
+        ({"0": "4", "1": "4"}, ("0", "4")),
+        ({"0": "", "1": "3"}, ("1", "3")),
+        ({"0": "137", "1": "2"}, ("0", "137")),
+    ],
+)
+def test_the_failed_task_a_step_ends_with(codes, failed):
+    assert batch_job.failed_task(codes) == failed
+
+
+def test_step_codes_are_read_in_the_shells_order(tmp_path):
+    for name, code in (("10", "4"), ("2", "3"), ("1", "0")):
+        (tmp_path / name).write_text(f"{code}\n")
+    (tmp_path / "folder").mkdir()
+    assert batch_job.read_codes(tmp_path) == {"1": "0", "10": "4", "2": "3"}
+    assert batch_job.main(["failed_task", str(tmp_path)]) == 0
+
+
+def test_step_status_folder_is_fresh_per_run_of_the_job(tmp_path):
+    env = slurm(SLURM_SUBMIT_DIR=str(tmp_path), SLURM_RESTART_COUNT="1")
+    old = tmp_path / ".tf-resnet-steps" / "4242.1"
+    old.mkdir(parents=True)
+    (old / "0").write_text("4\n")
+    assert batch_job.step_status_dir(env, "/elsewhere") == str(old)
+    assert list(old.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "code, cause", [(2, "bad flags"), (4, "it lost a peer")]
+)
+def test_exit_causes(code, cause):
+    assert batch_job.exit_cause(str(code)).startswith(cause)
+    assert batch_job.exit_cause("1") == "see its output above"
+
+
+INDEX = """model_checkpoint_path: "/runs/x/ckpt-120"
+all_model_checkpoint_paths: "/runs/x/ckpt-100"
+all_model_checkpoint_paths: "/runs/x/ckpt-120"
+"""
+
+
+def test_the_newest_checkpoint_is_read_from_the_index(tmp_path):
+    assert batch_job.newest_checkpoint("/r", INDEX) == "step 120 (/r/ckpt-120)"
+    # Relative names, as TensorFlow writes them.
+    text = 'model_checkpoint_path: "ckpt-7"\n'
+    assert batch_job.newest_checkpoint("/r", text) == "step 7 (/r/ckpt-7)"
+    (tmp_path / "checkpoint").write_text(text)
+    found = batch_job.newest_checkpoint(str(tmp_path))
+    assert found == f"step 7 ({tmp_path}/ckpt-7)"
+
+
+def test_before_the_first_checkpoint_the_run_starts_over(tmp_path):
+    assert batch_job.newest_checkpoint(str(tmp_path)) == (
+        f"none in {tmp_path}, so it starts over"
+    )
+    assert batch_job.newest_checkpoint("") == (
+        "none in the run directory, so it starts over"
+    )
+
+
+@pytest.mark.parametrize(
+    "scheduler, command",
+    [
+        ("slurm", "LOG_ROOT=/r sbatch scripts/slurm/course_cifar100.sbatch"),
+        ("pbs", "qsub -v LOG_ROOT=/r scripts/pbs/course_cifar100.pbs"),
+    ],
+)
+def test_the_stop_report_names_the_resume_command(scheduler, command):
+    script = batch_job.job_script("course_cifar100", scheduler)
+    env = {"SCHEDULER": scheduler, "RUN_DIR": "/r", "JOB_SCRIPT": script}
+    stopped, resume = batch_job.stop_report(env, "TERM")
+    assert stopped == (
+        "stopped by SIGTERM; the newest checkpoint: none in /r, so it "
+        "starts over"
+    )
+    assert resume == (
+        "to resume there, submit it again from the repository with the same "
+        f"LOG_ROOT: {command} (a job the scheduler requeues resumes by itself)"
+    )
+    assert batch_job.stop_report(env, "")[0].startswith("stopped; ")
+
+
+def test_run_directory_and_flags_of_a_task():
+    env = slurm()
+    assert batch_job.run_dir("course_cifar100", env) == (
+        "/home/me/runs/course_cifar100-4242"
+    )
+    env = slurm(LOG_ROOT="/runs/a", EXTRA_FLAGS="--x=1 --log_root=/runs/b")
+    assert batch_job.run_dir("course_cifar100", env) == "/runs/b"
+    assert batch_job.task_flags("resnet18_cifar100", env, "/runs/b") == [
+        "--train_data_path=/repo/datasets/cifar-100-binary/train.bin",
+        "--eval_data_path=/repo/datasets/cifar-100-binary/test.bin",
+        "--log_root=/runs/b",
+        "--pretrained=/repo/weights/resnet18-f37072fd.pth",
+    ]
+    env = slurm(TRAIN_DATA="/t", EVAL_DATA="/e")
+    assert batch_job.task_data("course_tinyimagenet", env)[:2] == ("/t", "/e")
+    assert batch_job.task_data("course_tinyimagenet", slurm()) == (
+        "/repo/datasets/tiny-imagenet-200",
+        "/repo/datasets/tiny-imagenet-200",
+        "--dataset=tinyimagenet",
+    )
+
+
+def test_missing_data_names_the_download_and_the_variables(tmp_path):
+    env = slurm(DATA_ROOT=str(tmp_path))
+    first, errors = batch_job.task_checks("course_cifar100", env)
+    train = f"{tmp_path}/cifar-100-binary/train.bin"
+    assert first == (
+        f"course_cifar100 reads: train {train}, eval "
+        f"{tmp_path}/cifar-100-binary/test.bin (DATA_ROOT={tmp_path})"
+    )
+    assert errors[0] == (
+        f"{train}: no such file or folder; download it first: "
+        f"/repo/.venv/bin/python /repo/data/download.py --dataset=cifar100 "
+        f"--output_dir={tmp_path} (or set DATA_ROOT, or TRAIN_DATA and "
+        "EVAL_DATA)"
+    )
+    (tmp_path / "cifar-100-binary").mkdir()
+    for name in ("train.bin", "test.bin"):
+        (tmp_path / "cifar-100-binary" / name).touch()
+    assert batch_job.task_checks("course_cifar100", env)[1] == []
+    # resnet18_cifar100 also needs its weights.
+    (error,) = batch_job.task_checks("resnet18_cifar100", env)[1]
+    assert error.endswith("--weights=resnet18 (or set PRETRAINED)")
+    # A glob matches.
+    assert batch_job.missing_data(f"{tmp_path}/*/t*.bin", "", "", env) is None
+
+
+def test_a_missing_file_is_a_logged_error_and_exit_2(tmp_path, capsys):
+    env = slurm(DATA_ROOT=str(tmp_path), SCHEDULER="slurm")
+    assert batch_job.main(["task", "course_tinyimagenet"], env) == 2
+    first, error = capsys.readouterr().err.splitlines()
+    stamp = r"\d\d:\d\d:\d\d course_job: "
+    assert re.fullmatch(stamp + r"course_tinyimagenet reads: .*", first)
+    assert re.fullmatch(stamp + r"error: .*tiny-imagenet-200: no such.*", error)
+
+
+def test_a_task_prints_its_run_directory_script_and_flags(tmp_path, capsys):
+    (tmp_path / "tiny-imagenet-200").mkdir()
+    env = pbs(tmp_path / "nodes", DATA_ROOT=str(tmp_path))
+    assert batch_job.main(["task", "course_tinyimagenet"], env) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "/home/me/runs/course_tinyimagenet-77",
+        "scripts/pbs/course_tinyimagenet.pbs",
+        f"--train_data_path={tmp_path}/tiny-imagenet-200",
+        f"--eval_data_path={tmp_path}/tiny-imagenet-200",
+        "--log_root=/home/me/runs/course_tinyimagenet-77",
+    ]
+
+
+@pytest.mark.parametrize(
+    "restarts, requeue, line",
+    [
+        ("0", True, "requeueing, restart 1 of at most 2"),
+        ("2", False, "restarted 2 times already (MAX_REQUEUES=2)"),
+    ],
+)
+def test_a_lost_task_requeues_a_slurm_job_a_few_times(restarts, requeue, line):
+    env = slurm(SLURM_RESTART_COUNT=restarts)
+    found, text = batch_job.requeue_after_lost_task(env)
+    assert found == requeue and line in text
+    env = {"SCHEDULER": "pbs"}
+    assert batch_job.requeue_after_lost_task(env) == (False, None)
+
+
+@pytest.mark.parametrize(
+    "env, gpus",
+    [
+        ({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0"}, "4"),
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2"}, "3"),
+        ({}, "0"),
+    ],
+)
+def test_gpus_on_node(env, gpus):
+    assert batch_job.gpus_on_node(env, "n1") == gpus
+
+
+def test_gpus_on_node_from_torques_gpu_file(tmp_path):
+    gpufile = tmp_path / "gpus"
+    gpufile.write_text("n1-gpu0\nn1-gpu1\nn2-gpu0\n")
+    assert batch_job.gpus_on_node({"PBS_GPUFILE": str(gpufile)}, "n1") == "2"
+
+
+def test_the_module_starts_without_tensorflow():
+    """Each call of the job starts a process: standard library only."""
+    code = (
+        "import sys; import tf_resnet.launch.batch_job; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras', 'numpy', 'absl')))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert found.stdout.strip() == "[]", found.stderr
