@@ -7,6 +7,7 @@ step ends with, and the lines that say where a stopped run resumes. The
 scripts themselves run in tests/test_batch_scripts.py.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -194,12 +195,18 @@ def test_step_codes_are_read_in_the_shells_order(tmp_path):
 
 
 def test_step_status_folder_is_fresh_per_run_of_the_job(tmp_path):
-    env = slurm(SLURM_SUBMIT_DIR=str(tmp_path), SLURM_RESTART_COUNT="1")
-    old = tmp_path / ".tf-resnet-steps" / "4242.1"
+    env = slurm(
+        SLURM_SUBMIT_DIR=str(tmp_path), SLURM_RESTART_COUNT="1",
+        JOB_SHELL="77",
+    )  # fmt: skip
+    old = tmp_path / ".tf-resnet-steps" / "4242.1.77"
     old.mkdir(parents=True)
     (old / "0").write_text("4\n")
     assert batch_job.step_status_dir(env, "/elsewhere") == str(old)
     assert list(old.iterdir()) == []
+    # Another batch shell of the same job id (stand-in jobs) has its own.
+    other = batch_job.step_status_dir({**env, "JOB_SHELL": "78"}, "/x")
+    assert other != str(old) and os.path.isdir(old)
 
 
 @pytest.mark.parametrize(

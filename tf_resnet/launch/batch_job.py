@@ -350,11 +350,14 @@ def step_status_dir(env, cwd):
     """A fresh folder for the exit codes of this run of the job.
 
     On the shared file system (the tasks run on other nodes), beside the
-    job's output; a requeued job's run has its own (SLURM_RESTART_COUNT).
+    job's output; a requeued job's run has its own (SLURM_RESTART_COUNT),
+    and so has each batch shell (JOB_SHELL, its pid): jobs that share a
+    job id, as stand-in jobs do, must not empty each other's.
     """
     base = value(env, "SLURM_SUBMIT_DIR", cwd)
     restart = value(env, "SLURM_RESTART_COUNT", "0")
-    directory = f"{base}/.tf-resnet-steps/{job_id(env)}.{restart}"
+    shell = value(env, "JOB_SHELL", "0")
+    directory = f"{base}/.tf-resnet-steps/{job_id(env)}.{restart}.{shell}"
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
     return directory
