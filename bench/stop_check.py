@@ -35,7 +35,7 @@ def worker():
     times = {True: [], False: []}
     make_distributor = resnet_main.make_distributor
 
-    def alternating_make_mode(*args, **kwargs):
+    def alternating_make_distributor(*args, **kwargs):
         mode = make_distributor(*args, **kwargs)
         mode.stop_check_every_steps = 1
         check = mode.any_process_stopping
@@ -64,7 +64,7 @@ def worker():
             line = f"STOP_CHECK {medians[True]:.3f} {medians[False]:.3f}"
             print(line, file=sys.stderr, flush=True)
 
-    resnet_main.make_distributor = alternating_make_mode
+    resnet_main.make_distributor = alternating_make_distributor
     atexit.register(report)
     hvd_worker.main()
 
