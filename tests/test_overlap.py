@@ -27,11 +27,19 @@ from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distribute import buckets
 
 PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
+# How the launcher names a process TensorFlow itself brought down. A
+# profiled multi_worker process crashed so, once in many jobs, in libc
+# ("trap stack segment", SIGBUS) while the others of its kind train
+# fine: such a job is tried again, with the jobs of a busy machine.
+CRASHES = ("(SIGBUS)", "(SIGSEGV)", "(SIGABRT)", "(SIGILL)")
 UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
 def profile(tmp_path, engine, *settings):
-    """Each process's profiled steps and its start line's words."""
+    """Each process's profiled steps and its start line's words.
+
+    None if a process of the job crashed (`CRASHES`).
+    """
     name = "-".join(settings).replace("=", "_")
     out = tmp_path / f"{engine}-{name}.json"
     launcher = "horovod" if engine == "horovod" else "tf_config_cluster"
@@ -43,6 +51,8 @@ def profile(tmp_path, engine, *settings):
     done = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
+    if done.returncode and any(x in done.stderr for x in CRASHES):
+        return None
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     results = [
         json.loads(p.read_text()) for p in tmp_path.glob(f"{out.name}.*")
@@ -93,15 +103,22 @@ def test_the_all_reduce_overlaps_the_backward_pass(tmp_path, engine):
         folder = tmp_path / f"attempt{attempt}"
         folder.mkdir()
         overlapped = profile(folder, engine, "all_reduce_pack_bytes=65536")
-        early = early_updates(overlapped)
-        if max(early) > 0:
+        early = overlapped and early_updates(overlapped)
+        if early and max(early) > 0:
             break
+    assert overlapped, "a process crashed in each of three jobs"
     assert overlapped[0]["all_reduce"].startswith(
         "10 bucket(s) of about 0.0625"
     )
     assert max(early) > 0, f"no update before a backward pass ended: {early}"
 
-    one_group = profile(tmp_path, engine, "overlap_all_reduce=False")
+    for attempt in range(3):
+        folder = tmp_path / f"one_group{attempt}"
+        folder.mkdir()
+        one_group = profile(folder, engine, "overlap_all_reduce=False")
+        if one_group:
+            break
+    assert one_group, "a process crashed in each of three jobs"
     assert "after the backward pass" in one_group[0]["all_reduce"]
     early = early_updates(one_group)
     assert max(early) == 0, f"updates before the all-reduce: {early}"
