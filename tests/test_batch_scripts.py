@@ -586,13 +586,13 @@ CANCELLED_JOBS = [
         {"ENGINE": "multi_worker"},
         marks=on_newest_set,
         id="multi_worker",
-    ),  # fmt: skip
+    ),
     pytest.param(
         "course_sync_cifar100.pbs",
         {"LAUNCHER": "aprun"},
         marks=requires_horovod,
         id="horovod_aprun",
-    ),  # fmt: skip
+    ),
 ]
 
 
