@@ -27,11 +27,17 @@ from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distribute import buckets
 
 PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
-# How the launcher names a process TensorFlow itself brought down. A
-# profiled multi_worker process crashed so, once in many jobs, in libc
-# ("trap stack segment", SIGBUS) while the others of its kind train
-# fine: such a job is tried again, with the jobs of a busy machine.
+# How the launcher names a process TensorFlow itself brought down.
+# TensorFlow's profiler crashes a profiled multi_worker process now and
+# then as it collects the trace (`tf.profiler.experimental.stop`: SIGSEGV
+# in libc's malloc; once a SIGBUS), far more often on the newest
+# TensorFlow than on the pinned one, while the same steps unprofiled
+# train fine. Such a job does not count: up to `JOBS` are started.
 CRASHES = ("(SIGBUS)", "(SIGSEGV)", "(SIGABRT)", "(SIGILL)")
+JOBS = 8
+# Jobs that ran whose updates all waited: a machine busy with other work
+# can hold back a process's peer through all of a job's profiled steps.
+TRIES = 3
 UPDATES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
@@ -95,30 +101,36 @@ ENGINES = [
 ]
 
 
+def profiled_jobs(tmp_path, engine, setting):
+    """The results of each job none of whose processes crashed.
+
+    At most `JOBS` jobs are started.
+    """
+    for job in range(JOBS):
+        folder = tmp_path / f"{setting.replace('=', '_')}-{job}"
+        folder.mkdir()
+        results = profile(folder, engine, setting)
+        if results:
+            yield results
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_the_all_reduce_overlaps_the_backward_pass(tmp_path, engine):
-    # Up to three jobs: a machine busy with other work can hold back
-    # a process's peer through all of a job's profiled steps.
-    for attempt in range(3):
-        folder = tmp_path / f"attempt{attempt}"
-        folder.mkdir()
-        overlapped = profile(folder, engine, "all_reduce_pack_bytes=65536")
-        early = overlapped and early_updates(overlapped)
-        if early and max(early) > 0:
+    overlapped = None
+    jobs = profiled_jobs(tmp_path, engine, "all_reduce_pack_bytes=65536")
+    for tries, overlapped in enumerate(jobs, 1):
+        early = early_updates(overlapped)
+        if max(early) > 0 or tries == TRIES:
             break
-    assert overlapped, "a process crashed in each of three jobs"
+    assert overlapped, f"a process crashed in each of {JOBS} jobs"
     assert overlapped[0]["all_reduce"].startswith(
         "10 bucket(s) of about 0.0625"
     )
     assert max(early) > 0, f"no update before a backward pass ended: {early}"
 
-    for attempt in range(3):
-        folder = tmp_path / f"one_group{attempt}"
-        folder.mkdir()
-        one_group = profile(folder, engine, "overlap_all_reduce=False")
-        if one_group:
-            break
-    assert one_group, "a process crashed in each of three jobs"
+    jobs = profiled_jobs(tmp_path, engine, "overlap_all_reduce=False")
+    one_group = next(jobs, None)
+    assert one_group, f"a process crashed in each of {JOBS} jobs"
     assert "after the backward pass" in one_group[0]["all_reduce"]
     early = early_updates(one_group)
     assert max(early) == 0, f"updates before the all-reduce: {early}"
