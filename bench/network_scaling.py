@@ -113,14 +113,14 @@ def run_worker(spec):
 
     size, classes = model_shape(spec["model"])
     ps = spec["flags"]["distribution"] == "parameter_server"
+    threads = {"inter_op_threads": 2 if ps else spec.get("inter_op_threads", 1)}
     config = make_config(
         train_data_path=common.DATA["cifar10"]["path"],
         model=spec["model"],
         batch_size=spec["global_batch"],
         intra_op_threads=1,
-        inter_op_threads=2 if ps else spec.get("inter_op_threads", 1),
         dtype="float32",
-        **spec["flags"],
+        **{**threads, **spec["flags"]},  # A row's own threads win.
     )
     mode = common.start_mode(config)
     info = types.SimpleNamespace(num_classes=classes, image_size=size)
@@ -248,7 +248,7 @@ def run_tape_script(spec):
     size, classes = model_shape(spec["model"])
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(
-        spec.get("inter_op_threads", 1)
+        spec["flags"].get("inter_op_threads", spec.get("inter_op_threads", 1))
     )
     set_cycle_time()
     hvd.init()
@@ -704,6 +704,19 @@ def rows(average_every, pack_bytes, bucket_sizes=()):
         Row("multi_worker, one pack",
             {"distribution": "multi_worker", "overlap_all_reduce": False},
             overlap=True),
+        # A second inter-op thread, as TensorFlow's default gives a node
+        # of more than one core: the all-reduce's ops need not wait for
+        # the backward pass's on the one thread.
+        *(
+            Row(f"{name}, 2 inter-op threads",
+                {"distribution": engine, "inter_op_threads": 2},
+                overlap=True, script=script)
+            for name, engine, script in (
+                ("horovod", "horovod", ""),
+                ("DistributedGradientTape script", "horovod", "tape"),
+                ("multi_worker", "multi_worker", ""),
+            )
+        ),
     ]  # fmt: skip
 
 
@@ -1025,8 +1038,7 @@ def predict_row(result, fits, row, one, round_=None, gradients=None):
         if engine.overlaps and knobs.overlap:
             cpu = communication_cpu(row, round_)
         return (
-            scaling.predict_two_nodes(engine, knobs, base, fit, gradients)
-            + cpu
+            scaling.predict_two_nodes(engine, knobs, base, fit, gradients) + cpu
         )
     return scaling.predict_two_nodes(
         engine, knobs_of(flags), base, fit, gradients
