@@ -113,14 +113,14 @@ def run_worker(spec):
 
     size, classes = model_shape(spec["model"])
     ps = spec["flags"]["distribution"] == "parameter_server"
-    threads = {"inter_op_threads": 2 if ps else spec.get("inter_op_threads", 1)}
     config = make_config(
         train_data_path=common.DATA["cifar10"]["path"],
         model=spec["model"],
         batch_size=spec["global_batch"],
         intra_op_threads=1,
+        inter_op_threads=2 if ps else spec.get("inter_op_threads", 1),
         dtype="float32",
-        **{**threads, **spec["flags"]},  # A row's own threads win.
+        **spec["flags"],
     )
     mode = common.start_mode(config)
     info = types.SimpleNamespace(num_classes=classes, image_size=size)
@@ -248,7 +248,7 @@ def run_tape_script(spec):
     size, classes = model_shape(spec["model"])
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(
-        spec["flags"].get("inter_op_threads", spec.get("inter_op_threads", 1))
+        spec.get("inter_op_threads", 1)
     )
     set_cycle_time()
     hvd.init()
@@ -648,6 +648,8 @@ class Row:
       script: not the engine's step but this one (`tape`:
         `run_tape_script`), on the engine's processes.
       buckets: a row of another bucket size (`--bucket_sizes`).
+      inter_op_threads: of each process, where not the run's
+        (`--inter_op_threads`; 0: the run's).
     """
 
     name: str
@@ -656,6 +658,13 @@ class Row:
     overlap: bool = False
     script: str = ""
     buckets: bool = False
+    inter_op_threads: int = 0
+
+    @property
+    def job_spec(self):
+        """What the row's jobs set in the job spec beyond the run's."""
+        own = {"script": self.script, "inter_op_threads": self.inter_op_threads}
+        return {key: value for key, value in own.items() if value}
 
     @property
     def engine(self):
@@ -708,9 +717,8 @@ def rows(average_every, pack_bytes, bucket_sizes=()):
         # of more than one core: the all-reduce's ops need not wait for
         # the backward pass's on the one thread.
         *(
-            Row(f"{name}, 2 inter-op threads",
-                {"distribution": engine, "inter_op_threads": 2},
-                overlap=True, script=script)
+            Row(f"{name}, 2 inter-op threads", {"distribution": engine},
+                overlap=True, script=script, inter_op_threads=2)
             for name, engine, script in (
                 ("horovod", "horovod", ""),
                 ("DistributedGradientTape script", "horovod", "tape"),
@@ -850,15 +858,15 @@ def measure_model(cluster, model, args, network, log):
         log(f"  {model}: round {round_ + 1} of {args.rounds}")
         for row in selected if round_ % 2 == 0 else selected[::-1]:
             ps = row.engine == "parameter_server"
-            script = {"script": row.script} if row.script else {}
+            own = row.job_spec
             jobs[row.name]["1"].append(
-                job(row.flags, 1) if ps else twin(row.flags, script)
+                job(row.flags, 1) if ps else twin(row.flags, own)
             )
             # The synchronous engines' 2-node jobs also time their step's
             # all-reduces alone (`communication_alone`), and Horovod's its
             # step without them (`compute_alone`).
-            plain = row.flags == {"distribution": row.engine} and not script
-            extra = {"communication_alone": plain and not ps, **script}
+            plain = row.flags == {"distribution": row.engine} and not own
+            extra = {"communication_alone": plain and not ps, **own}
             jobs[row.name]["2"].append(job(row.flags, 2, extra))
             if ps:
                 cluster.shape(UNSHAPED_MBIT)
