@@ -660,10 +660,13 @@ class Row:
     buckets: bool = False
     inter_op_threads: int = 0
 
+    # The fields a row sets in its jobs' spec.
+    SPEC_KEYS = ("script", "inter_op_threads")
+
     @property
     def job_spec(self):
         """What the row's jobs set in the job spec beyond the run's."""
-        own = {"script": self.script, "inter_op_threads": self.inter_op_threads}
+        own = {key: getattr(self, key) for key in self.SPEC_KEYS}
         return {key: value for key, value in own.items() if value}
 
     @property
@@ -750,9 +753,14 @@ def measure_model(cluster, model, args, network, log):
             **(extra or {}),
         }
 
+    def described(flags, extra):
+        """The flags, and what a row's own job spec adds (`Row.job_spec`)."""
+        own = [f"{k}={extra[k]}" for k in Row.SPEC_KEYS if (extra or {}).get(k)]
+        return f"{flags}" + (f" ({', '.join(own)})" if own else "")
+
     def job(flags, nodes, extra=None):
         processes = 1 if flags["distribution"] == "parameter_server" else nodes
-        log(f"  {model} {flags} on {nodes} node(s) ...")
+        log(f"  {model} {described(flags, extra)} on {nodes} node(s) ...")
         return Job(cluster, spec_of(flags, processes, extra), nodes).run()
 
     def twin(flags, extra=None):
@@ -763,7 +771,8 @@ def measure_model(cluster, model, args, network, log):
         memory; real ones do not). A synchronous step waits for the slower
         node: its median is the row's 1-node step.
         """
-        log(f"  {model} {flags} on 1 node, twice at once ...")
+        log(f"  {model} {described(flags, extra)} on 1 node, twice at "
+            "once ...")  # fmt: skip
         jobs = [Job(cluster, spec_of(flags, 1, extra), 1, n) for n in (0, 1)]
         try:
             chiefs = [j.start() for j in jobs]
@@ -878,7 +887,12 @@ def measure_model(cluster, model, args, network, log):
                 cluster.shape(rate)
     for row in selected:
         runs = jobs[row.name]
-        measured = {"name": row.name, "flags": row.flags, "script": row.script}
+        measured = {
+            "name": row.name,
+            "flags": row.flags,
+            "script": row.script,
+            "inter_op_threads": row.inter_op_threads or args.inter_op_threads,
+        }
         for key, samples in runs.items():
             medians = [statistics.median(run["step_s"]) for run in samples]
             steps = [s for run in samples for s in run["step_s"]]

@@ -12,7 +12,8 @@ profiler. Every process writes to OUT.<pid> (JSON) the op events of those
 steps, from the profiles' XPlanes: each op's name, type, start and end in
 microseconds from its step's first op.
 The settings are `[--]name=value` words (`settings.make_config`'s names;
-the launchers may add flags of their own).
+the launchers may add flags of their own), and `image_size=` and
+`classes=` of the random batches (default: CIFAR-10's 32 and 10).
 """
 
 import glob
@@ -98,6 +99,8 @@ def by_step(events):
 
 def main(words):
     out, values = parse(words)
+    size = values.pop("image_size", 32)
+    classes = values.pop("classes", 10)
     config = make_config(
         train_data_path="unused",
         intra_op_threads=1,
@@ -113,7 +116,7 @@ def main(words):
         config.distribution,
         started.devices,
     )
-    info = types.SimpleNamespace(num_classes=10, image_size=32)
+    info = types.SimpleNamespace(num_classes=classes, image_size=size)
     model = builders.build_model(config, mode, info)
     optimizer = builders.build_optimizer(config, mode, model, total_steps=100)
     state = TrainState(model, optimizer)
@@ -123,8 +126,8 @@ def main(words):
     )
     rng = np.random.default_rng(0)
     batch = (
-        rng.normal(size=(mode.replica_batch, 32, 32, 3)).astype("float32"),
-        rng.integers(0, 10, size=mode.replica_batch).astype("int32"),
+        rng.normal(size=(mode.replica_batch, size, size, 3)).astype("float32"),
+        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
     )
     iterator = mode.distribute_dataset(
         lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
