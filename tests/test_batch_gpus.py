@@ -244,6 +244,7 @@ SCRIPTS = [
         "course_async_cifar100")),
     ("pbs", "pbs/course_sync_cifar100.pbs", "horovod"),
     ("pbs", "pbs/course_sync_cifar100.pbs", "multi_worker"),
+    ("pbs", "train_horovod.pbs", None),
 ]  # fmt: skip
 
 

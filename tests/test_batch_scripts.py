@@ -593,13 +593,17 @@ CANCELLED_JOBS = [
         marks=requires_horovod,
         id="horovod_aprun",
     ),
+    # ResNet-56 on CIFAR-10 with horovodrun, outside the course's scripts.
+    pytest.param(
+        "../train_horovod.pbs", {}, marks=requires_horovod, id="train_horovod"
+    ),
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script, env", CANCELLED_JOBS)
 def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
-    tmp_path, cifar100, script, env
+    tmp_path, cifar100, synthetic_cifar, script, env
 ):
     """However the training processes were started, the job's last lines
     say where the run stopped and which command resumes it there (the
@@ -621,7 +625,8 @@ def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
 
     code, text = run_job(
         script, "pbs", tmp_path,
-        {**cifar100, **env, "LOG_ROOT": str(log_root),
+        {**cifar100, "DATA": synthetic_cifar["folder"], **env,
+         "LOG_ROOT": str(log_root),
          "EXTRA_FLAGS": "--model=resnet20 --train_steps=100000 --batch_size=8 "
                         "--log_every_steps=1"},
         during=qdel_once_training,
@@ -646,9 +651,10 @@ def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
         f"course_job: stopped by SIGTERM; the newest checkpoint: step {step} "
         f"({log_root}/ckpt-{step})"
     ), text[-4000:]
+    submitted = os.path.normpath(f"scripts/pbs/{script}")
     assert resume.endswith(
         "course_job: to resume there, submit it again from the repository "
-        f"with the same LOG_ROOT: qsub -v LOG_ROOT={log_root} scripts/pbs/"
-        f"{script} (a job the scheduler requeues resumes by itself)"
+        f"with the same LOG_ROOT: qsub -v LOG_ROOT={log_root} {submitted} "
+        "(a job the scheduler requeues resumes by itself)"
     ), text[-4000:]
     assert "processes left after the job" not in text
