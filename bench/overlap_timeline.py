@@ -1,34 +1,41 @@
-"""Where a `multi_worker` step's time goes on an emulated link: a profile.
+"""Where a synchronous step's time goes on an emulated link: a profile.
 
-`tests/profile_step.py` runs profiled training steps of two
-`multi_worker` processes, each on its own emulated node (one core, a
-link shaped to `--rate_mbit`, as `network_scaling.py` shapes it), and
-this prints, for each profiled step of each process, the backward pass's
-span, every all-reduce's (TensorFlow's `CollectiveReduceV2` ops, one per
-pack), how much of the backward pass an all-reduce was in flight, and
-what ran after it. What the efficiency rows of `network_scaling.py`
-cannot say: whether the link waits for gradients, the all-reduces for
-each other, or the step for the last packs.
+`tests/profile_step.py` runs profiled training steps of two processes of
+`multi_worker` or `horovod`, each on its own emulated node (one core, a
+link shaped to `--rate_mbit`), started as `network_scaling.py` starts its
+jobs, and this prints, for each job, the medians over its profiled steps of: the
+step, the part of it after the backward pass, how far apart the two
+processes' backward passes of a step end (the step waits for the
+later), and for `multi_worker` how much of the backward pass an
+all-reduce (TensorFlow's `CollectiveReduceV2` ops, one per pack) was in
+flight; with `--steps`, every step of each engine's last job with its
+all-reduces' spans. The engines' jobs run in turn, `--rounds` each.
+What the efficiency rows of `network_scaling.py` cannot say: whether
+the link waits for gradients, the all-reduces for each other, or a
+process for its peer.
 
 Horovod's all-reduces run outside TensorFlow's executor (its ops only
-enqueue them), so its profile would not show them: `multi_worker` only.
+enqueue them), so its profile shows its backward passes, not its
+all-reduces.
 
 As root (it makes network namespaces); `--rate_mbit` is the link that
 `network_scaling.py` printed for the model on this machine:
 
-  .venv/bin/python bench/overlap_timeline.py --rate_mbit=1289
+  .venv/bin/python bench/overlap_timeline.py --rate_mbit=1289 --steps
 """
 
 import argparse
+import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import time
 
-import common  # noqa: F401  # The checkout on sys.path.
+import common
 import emulated_cluster
+import network_scaling
 
 PROFILE_STEP = os.path.join(common.ROOT, "tests", "profile_step.py")
 ALL_REDUCE = "CollectiveReduceV2"
@@ -37,42 +44,40 @@ ALL_REDUCE = "CollectiveReduceV2"
 JOBS = 3
 
 
-def profile_job(cluster, args, out):
-    """Runs the two profiled processes; True if both ended well."""
-    workers = [f"{cluster.address(n)}:{24000 + n}" for n in (0, 1)]
-    processes = []
-    for index in (0, 1):
-        task = {"type": "worker", "index": index}
-        env = {
-            **os.environ,
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "OMP_NUM_THREADS": "1",
-            "TF_CONFIG": json.dumps(
-                {"cluster": {"worker": workers}, "task": task}
-            ),
-        }
-        argv = [
-            sys.executable, PROFILE_STEP, out, "distribution=multi_worker",
-            f"model={args.model}", f"batch_size={2 * args.batch}",
-            f"image_size={args.image_size}", f"classes={args.classes}",
-            f"all_reduce_pack_bytes={args.pack_bytes}",
-        ]  # fmt: skip
-        processes.append(
-            cluster.spawn(
-                index,
-                argv,
-                cpus=index,
-                env=env,
-                stderr=subprocess.PIPE,
-                text=True,
-            )  # fmt: skip
-        )
-    errors = [p.communicate(timeout=900)[1] for p in processes]
-    for process, error in zip(processes, errors, strict=True):
-        if process.returncode:
-            print(f"a process ended with {process.returncode}: "
-                  f"{error[-600:]}", file=sys.stderr)  # fmt: skip
-    return not any(p.returncode for p in processes)
+class ProfiledJob(network_scaling.Job):
+    """`tests/profile_step.py` on two nodes, started as the bench's jobs."""
+
+    def __init__(self, cluster, engine, out, words):
+        super().__init__(cluster, {"flags": {"distribution": engine}}, 2)
+        self.out, self.words = out, words
+
+    def worker_argv(self, extra=None):
+        del extra
+        return [sys.executable, PROFILE_STEP, self.out, *self.words]
+
+
+def profile_job(cluster, engine, out, words):
+    """Each process's profiled steps; None if a process failed."""
+    job = ProfiledJob(cluster, engine, out, [f"distribution={engine}", *words])
+    try:
+        chief = job.start()
+        _, error = chief.communicate(timeout=900)
+        # The other process ends with the chief (`end_of_run`).
+        deadline = time.monotonic() + 60
+        while len(glob.glob(f"{out}.*")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        cluster.stop_processes()
+    paths = sorted(glob.glob(f"{out}.*"))
+    if chief.returncode or len(paths) < 2:
+        print(f"a process failed (the chief's code {chief.returncode}): "
+              f"{error[-600:]}", file=sys.stderr)  # fmt: skip
+        return None
+    results = []
+    for path in paths:
+        with open(path) as stream:
+            results.append(json.load(stream))
+    return results
 
 
 def union_ms(spans, start, end):
@@ -103,36 +108,43 @@ def step_line(events):
     }
 
 
-def report(results, description):
-    print(f"multi_worker: {description}\n")
-    print("| process | step ms | backward pass ms | all-reduce in flight "
-          "during it | the step after it ms | all-reduces (ms from the "
-          "step's start) |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- |")
-    by_process = []
-    for process, result in enumerate(results):
-        by_process.append([step_line(e) for e in result["profiles"]])
-        for line in by_process[-1]:
-            first, last = line["backward_ms"]
-            share = line["in_flight_ms"] / (last - first)
-            spans = " ".join(f"{s:.0f}-{e:.0f}" for s, e in line["spans"])
-            print(f"| {process} | {line['step_ms']:.0f} | {first:.0f}-"
-                  f"{last:.0f} | {100 * share:.0f}% | "
-                  f"{line['after_ms']:.0f} | {spans} |")  # fmt: skip
-    lines = [line for steps in by_process for line in steps]
-    median = {
-        key: statistics.median(line[key] for line in lines)
-        for key in ("step_ms", "after_ms")
-    }
+def summary(results):
+    """A job's medians over its profiled steps (both processes)."""
+    lines = [[step_line(e) for e in r["profiles"]] for r in results]
+    every = [line for steps in lines for line in steps]
     # A step waits for the process whose backward pass ends last.
     apart = [
         abs(a["backward_ms"][1] - b["backward_ms"][1])
-        for a, b in zip(*by_process, strict=True)
+        for a, b in zip(*lines, strict=True)
     ]
-    print(f"\nmedians: step {median['step_ms']:.0f} ms, of which "
-          f"{median['after_ms']:.0f} ms after the backward pass; the two "
-          "processes' backward passes of a step end "
-          f"{statistics.median(apart):.0f} ms apart")  # fmt: skip
+    in_flight = [
+        line["in_flight_ms"] / (line["backward_ms"][1] - line["backward_ms"][0])
+        for line in every
+        if line["spans"]
+    ]
+    return {
+        "step_ms": statistics.median(line["step_ms"] for line in every),
+        "after_ms": statistics.median(line["after_ms"] for line in every),
+        "apart_ms": statistics.median(apart),
+        "in_flight": statistics.median(in_flight) if in_flight else None,
+        "lines": lines,
+    }
+
+
+def print_steps(engine, lines):
+    """Every profiled step of a job, with its all-reduces' spans."""
+    print(f"\n{engine}, the last round's job, step by step (ms from each "
+          "process's step start):\n")  # fmt: skip
+    print("| process | step ms | backward pass ms | after it ms | "
+          "all-reduces |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- |")
+    for process, steps in enumerate(lines):
+        for line in steps:
+            first, last = line["backward_ms"]
+            spans = " ".join(f"{s:.0f}-{e:.0f}" for s, e in line["spans"])
+            print(f"| {process} | {line['step_ms']:.0f} | {first:.0f}-"
+                  f"{last:.0f} | {line['after_ms']:.0f} | "
+                  f"{spans or 'not in the profile'} |")  # fmt: skip
 
 
 def main():
@@ -147,28 +159,59 @@ def main():
         "--pack_bytes", type=int, default=0,
         help="--all_reduce_pack_bytes (0: the default)",
     )  # fmt: skip
+    parser.add_argument("--engines", default="horovod,multi_worker")
+    parser.add_argument(
+        "--rounds", type=int, default=3,
+        help="jobs per engine, the engines in turn",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps", action="store_true",
+        help="also each engine's last job step by step",
+    )  # fmt: skip
     args = parser.parse_args()
     missing = emulated_cluster.missing_programs()
     if missing:
         sys.exit(f"overlap_timeline: needs {', '.join(missing)}")
-    common.print_environment("A multi_worker step on an emulated link")
+    common.print_environment("Synchronous steps on an emulated link")
+    words = [
+        f"model={args.model}", f"batch_size={2 * args.batch}",
+        f"image_size={args.image_size}", f"classes={args.classes}",
+        f"all_reduce_pack_bytes={args.pack_bytes}",
+    ]  # fmt: skip
+    engines = args.engines.split(",")
     folder = tempfile.mkdtemp(prefix="overlap_timeline_")
+    jobs = {engine: [] for engine in engines}
+    plan = None
     with emulated_cluster.EmulatedCluster(2, args.rate_mbit) as cluster:
-        for job in range(JOBS):
-            out = os.path.join(folder, f"job{job}")
-            if profile_job(cluster, args, out):
-                break
-        else:
-            sys.exit(f"overlap_timeline: a process failed in each of {JOBS} "
-                     "jobs")  # fmt: skip
-    results = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(f"job{job}."):
-            with open(os.path.join(folder, name)) as stream:
-                results.append(json.load(stream))
-    report(results, f"{args.model}, batch {args.batch} per process, "
-           f"{results[0]['all_reduce']}; links of {args.rate_mbit:g} Mbit/s, "
-           "one core per node")  # fmt: skip
+        for round_ in range(args.rounds):
+            for engine in engines:
+                for attempt in range(JOBS):
+                    out = os.path.join(folder, f"{engine}{round_}-{attempt}")
+                    results = profile_job(cluster, engine, out, words)
+                    if results:
+                        break
+                else:
+                    sys.exit(f"overlap_timeline: a process failed in each "
+                             f"of {JOBS} jobs")  # fmt: skip
+                plan = results[0]["all_reduce"]
+                jobs[engine].append(summary(results))
+    print(f"{args.model}, batch {args.batch} per process, {plan}; links of "
+          f"{args.rate_mbit:g} Mbit/s, one core per node; each job's "
+          "medians over its profiled steps (both processes):\n")  # fmt: skip
+    print("| engine | round | profiled step ms | after the backward pass "
+          "ms | the two backward passes of a step end apart, ms | "
+          "all-reduce in flight during the backward pass |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- |")
+    for engine in engines:
+        for round_, job in enumerate(jobs[engine], 1):
+            share = job["in_flight"]
+            share = "not in the profile" if share is None else f"{share:.0%}"
+            print(f"| {engine} | {round_} | {job['step_ms']:.0f} | "
+                  f"{job['after_ms']:.0f} | {job['apart_ms']:.0f} | "
+                  f"{share} |")  # fmt: skip
+    if args.steps:
+        for engine in engines:
+            print_steps(engine, jobs[engine][-1]["lines"])
 
 
 if __name__ == "__main__":
