@@ -182,6 +182,8 @@ def run_worker(spec):
         "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
         "each_step_s": each_step,
         "warmup_s": warmup,
+        # What the process ran with (parameter_server's: always 2).
+        "inter_op_threads": config.runtime.inter_op_threads,
         "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
@@ -297,6 +299,8 @@ def run_tape_script(spec):
             "step_s": [s / spec["steps"] for s in seconds],
             "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
             "each_step_s": each_step,
+            "inter_op_threads":
+                tf.config.threading.get_inter_op_parallelism_threads(),
         }), flush=True)  # fmt: skip
     hvd.shutdown()
 
@@ -891,7 +895,7 @@ def measure_model(cluster, model, args, network, log):
             "name": row.name,
             "flags": row.flags,
             "script": row.script,
-            "inter_op_threads": row.inter_op_threads or args.inter_op_threads,
+            "inter_op_threads": runs["2"][0]["inter_op_threads"],
         }
         for key, samples in runs.items():
             medians = [statistics.median(run["step_s"]) for run in samples]

@@ -28,6 +28,7 @@ import argparse
 import glob
 import json
 import os
+import pathlib
 import statistics
 import sys
 import tempfile
@@ -73,11 +74,7 @@ def profile_job(cluster, engine, out, words):
         print(f"a process failed (the chief's code {chief.returncode}): "
               f"{error[-600:]}", file=sys.stderr)  # fmt: skip
         return None
-    results = []
-    for path in paths:
-        with open(path) as stream:
-            results.append(json.load(stream))
-    return results
+    return [json.loads(pathlib.Path(path).read_text()) for path in paths]
 
 
 def union_ms(spans, start, end):
