@@ -105,6 +105,7 @@ def run_worker(spec):
         return run_tape_script(spec)
     import numpy as np
     import tensorflow as tf
+    from tensorflow.config import threading
 
     from tf_resnet import builders, train_loop
     from tf_resnet.config.settings import make_config
@@ -182,8 +183,9 @@ def run_worker(spec):
         "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
         "each_step_s": each_step,
         "warmup_s": warmup,
-        # What the process ran with (parameter_server's: always 2).
-        "inter_op_threads": config.runtime.inter_op_threads,
+        # What the process ran with (parameter_server's: always 2; 0, the
+        # default, as `runtime.start` resolved it).
+        "inter_op_threads": threading.get_inter_op_parallelism_threads(),
         "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
@@ -950,20 +952,26 @@ def paired_slower(first, second, every=1):
 TRANSPORT = {"averaging": "horovod"}
 
 
-def knobs_of(flags, script="", bucket_bytes=None):
+def knobs_of(flags, script="", bucket_bytes=None, threads=None):
     """The `traffic.Knobs` of a row's flags (and script).
 
     Float16's halved bytes are in its own fitted transport, not here. The
     `DistributedGradientTape` script all-reduces each tensor as it
     appears, and Horovod fuses the tensors ready in one cycle into one
     message: modelled as the engine's buckets (a bucket per tensor would
-    pay each one's latency, which fusion does not).
+    pay each one's latency, which fusion does not). An engine whose
+    overlap waits for a second inter-op thread does not overlap on
+    `threads` 1: its buckets go one after another after the backward pass.
     """
     del script
-    overlap = flags.get("overlap_all_reduce", True)
+    engine = engines.ENGINES[flags["distribution"]]
+    overlaps = flags.get("overlap_all_reduce", True)
+    overlap = overlaps and not (
+        engine.overlap_waits_for_a_thread and threads == 1
+    )
     packs = flags.get("all_reduce_pack_bytes", 0)
     return traffic.Knobs(
-        pack_bytes=packs or (bucket_bytes if overlap else 0) or 0,
+        pack_bytes=packs or (bucket_bytes if overlaps else 0) or 0,
         accumulate_steps=flags.get("accumulate_steps", 1),
         average_every=flags.get("average_every", 1),
         overlap=overlap,
@@ -1017,6 +1025,18 @@ def communication_cpu(row, round_=None):
     return statistics.median(extra)
 
 
+def threads_of(result, row):
+    """The inter-op threads of a row's processes.
+
+    Runs saved before rows recorded them: the row's flag, else the run's.
+    """
+    return (
+        row.get("inter_op_threads")
+        or row["flags"].get("inter_op_threads")
+        or result.get("inter_op_threads", 1)
+    )
+
+
 def predict_row(result, fits, row, one, round_=None, gradients=None):
     """The model's 2-node step of a row whose 1-node step is `one`.
 
@@ -1056,7 +1076,9 @@ def predict_row(result, fits, row, one, round_=None, gradients=None):
         # The buckets of the run's default size (runs before it was
         # saved: 4 MiB, the default then).
         default = result.get("bucket_bytes", 4 * 2**20)
-        knobs = knobs_of(flags, row.get("script", ""), default)
+        knobs = knobs_of(
+            flags, row.get("script", ""), default, threads_of(result, row)
+        )
         # Overlapped, the communication's CPU time is added to the step
         # but not to the backward pass the buckets hide behind: on a node
         # of one core it runs between that pass's ops, not beside them.
@@ -1190,6 +1212,19 @@ def report(results):
                 + " ms (added to the step the overlapped rows' model starts "
                 "from: on one core it competes with the backward pass).",
             ]  # fmt: skip
+            if engines.ENGINES[row["flags"]["distribution"]].asynchronous:
+                continue
+            # A node's one core cannot run a step in less than the
+            # process's CPU time per step: however well the all-reduce
+            # hides, the efficiency is at most the 1-node step over it.
+            ceilings = zip(row["1"]["rounds"], row["2"]["process_cpu_s"],
+                           strict=True)  # fmt: skip
+            lines[-1] += (
+                " The most a node of one core allows, each round's 1-node "
+                "step over its 2-node CPU time per step: "
+                + ", ".join(f"{100 * o / c:.0f}%" for o, c in ceilings)
+                + "."
+            )
         for row in result["rows"]:
             if "1 unshaped" not in row:
                 continue
@@ -1336,7 +1371,8 @@ def main():
     )  # fmt: skip
     parser.add_argument(
         "--inter_op_threads", type=int, default=1,
-        help="of each synchronous job's process (its node has one core)",
+        help="of each synchronous job's process (its node has one core); "
+        "0: a run's default (runtime.inter_op_threads)",
     )  # fmt: skip
     parser.add_argument("--only", help="engines of the rows, e.g. horovod")
     parser.add_argument("--out", default="network_scaling.json")

@@ -156,6 +156,10 @@ def main():
         "--pack_bytes", type=int, default=0,
         help="--all_reduce_pack_bytes (0: the default)",
     )  # fmt: skip
+    parser.add_argument(
+        "--inter_op_threads", type=int, default=2,
+        help="of each process (its node has one core)",
+    )  # fmt: skip
     parser.add_argument("--engines", default="horovod,multi_worker")
     parser.add_argument(
         "--rounds", type=int, default=3,
@@ -174,6 +178,7 @@ def main():
         f"model={args.model}", f"batch_size={2 * args.batch}",
         f"image_size={args.image_size}", f"classes={args.classes}",
         f"all_reduce_pack_bytes={args.pack_bytes}",
+        f"inter_op_threads={args.inter_op_threads}",
     ]  # fmt: skip
     engines = args.engines.split(",")
     folder = tempfile.mkdtemp(prefix="overlap_timeline_")
@@ -193,7 +198,8 @@ def main():
                 plan = results[0]["all_reduce"]
                 jobs[engine].append(summary(results))
     print(f"{args.model}, batch {args.batch} per process, {plan}; links of "
-          f"{args.rate_mbit:g} Mbit/s, one core per node; each job's "
+          f"{args.rate_mbit:g} Mbit/s, one core per node, "
+          f"{args.inter_op_threads} inter-op threads; each job's "
           "medians over its profiled steps (both processes):\n")  # fmt: skip
     print("| engine | round | profiled step ms | after the backward pass "
           "ms | the two backward passes of a step end apart, ms | "

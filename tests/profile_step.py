@@ -101,12 +101,10 @@ def main(words):
     out, values = parse(words)
     size = values.pop("image_size", 32)
     classes = values.pop("classes", 10)
+    # One intra-op thread and two inter-op ones unless the words say.
+    defaults = {"intra_op_threads": 1, "inter_op_threads": 2}
     config = make_config(
-        train_data_path="unused",
-        intra_op_threads=1,
-        inter_op_threads=2,
-        dtype="float32",
-        **values,
+        train_data_path="unused", dtype="float32", **{**defaults, **values}
     )
     started = runtime.start(config)
     keras.utils.set_random_seed(0)

@@ -22,11 +22,14 @@ from tests.helpers import (
 DATA = ["--train_data_path=x", "--eval_data_path=y"]
 
 
-def launch(launcher, launcher_flags, log_root, *flags):
-    """Runs `python -m tf_resnet.launch.<launcher>` with `--dry_run`."""
+def launch(launcher, launcher_flags, log_root, *flags, pin=()):
+    """Runs `python -m tf_resnet.launch.<launcher>` with `--dry_run`.
+
+    `pin`: a command its processes run under (`taskset -c 0`).
+    """
     proc = subprocess.run(
         [
-            sys.executable, "-m", f"tf_resnet.launch.{launcher}",
+            *pin, sys.executable, "-m", f"tf_resnet.launch.{launcher}",
             *launcher_flags, "--", "--dry_run", *DATA,
             f"--log_root={log_root}", *flags,
         ],
@@ -59,6 +62,22 @@ def test_under_the_multi_worker_launcher(tmp_path):
         assert "replicas: 1 in this process, 2 in sync over 2" in report
         assert "batch: 64 per replica, 128 global, 128 per update" in report
         assert "devices: CPU (no GPU visible)" in report
+
+
+@on_newest_set  # A launcher's plan (tests/helpers.py).
+def test_workers_of_one_core_get_a_second_inter_op_thread(tmp_path):
+    """Pinned to one core, each worker's overlapped all-reduce would have
+    no inter-op thread beside the backward pass's: it gets two."""
+    reports = launch(
+        "tf_config_cluster", ["--np=2"], tmp_path / "run",
+        pin=("taskset", "-c", "0"),
+    )  # fmt: skip
+    assert len(reports) == 2, reports
+    for report in reports:
+        assert report.endswith(
+            "each issued as the backward pass produces it, 2 inter-op "
+            "threads (this process has one core)"
+        ), report
 
 
 @on_newest_set  # A launcher's plan (tests/helpers.py).

@@ -17,13 +17,14 @@ first.
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 
 from tests.helpers import ROOT, requires_horovod
-from tf_resnet import dry_run
+from tf_resnet import dry_run, runtime
 from tf_resnet.config import engines
-from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.config.settings import DistributionConfig, RuntimeConfig
 from tf_resnet.distribute import buckets
 
 PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
@@ -152,23 +153,50 @@ def test_buckets_take_the_last_tensors_first():
     assert reduced == [1, None, 2, 2, 1]
 
 
+def test_an_overlapped_all_reduce_gets_a_second_inter_op_thread():
+    """On one core TensorFlow's default is one inter-op thread, which the
+    backward pass holds: the overlapping engines get two there, unless
+    `--inter_op_threads` says otherwise."""
+    dist = DistributionConfig()
+    for name in ("horovod", "multi_worker"):
+        engine = engines.get(name)
+        assert runtime.inter_op_threads(0, engine, dist, cores=1) == 2
+        assert runtime.inter_op_threads(0, engine, dist, cores=2) == 0
+        assert runtime.inter_op_threads(1, engine, dist, cores=1) == 1
+        one_group = DistributionConfig(overlap_all_reduce=False)
+        assert runtime.inter_op_threads(0, engine, one_group, cores=1) == 0
+    for name in ("default", "mirrored", "parameter_server"):
+        engine = engines.get(name)
+        assert runtime.inter_op_threads(0, engine, dist, cores=1) == 0
+
+
 def test_dry_run_names_the_all_reduce():
     horovod = engines.get("horovod")
 
-    def line(xla=False, **settings):
+    def line(xla=False, threads=0, **settings):
         dist = DistributionConfig(distribution="horovod", **settings)
-        return dry_run._all_reduce_knobs(horovod, dist, xla)
+        started = types.SimpleNamespace(inter_op_threads=threads)
+        return dry_run._all_reduce_knobs(
+            horovod, dist, RuntimeConfig(xla=xla), started
+        )
 
     assert line() == [
         "  gradient all-reduce: buckets of about 1 MiB in reverse layer "
         "order, each issued as the backward pass produces it"
     ]
     assert "issued together (--xla" in line(xla=True)[0]
+    assert line(threads=2)[0].endswith(
+        "as the backward pass produces it, 2 inter-op threads (this "
+        "process has one core)"
+    )
     assert line(overlap_all_reduce=False, all_reduce_pack_bytes=64) == [
         "  gradient all-reduce: one all-reduce after the backward pass, "
         "packs of 64 bytes"
     ]
     # An engine without a gradient all-reduce: no line.
     assert not dry_run._all_reduce_knobs(
-        engines.get("mirrored"), DistributionConfig(), False
+        engines.get("mirrored"),
+        DistributionConfig(),
+        RuntimeConfig(),
+        types.SimpleNamespace(inter_op_threads=0),
     )

@@ -77,13 +77,17 @@ def test_each_engines_traffic_on_two_nodes():
         n, compute, one_ps, traffic.Knobs()
     ) == pytest.approx(4 * n.nbytes / (100 * MB))
     # Packs after the backward pass: each pays the latency of its rounds.
-    packed = every_step.exposed_seconds(
-        n,
-        compute,
-        cluster,
-        traffic.Knobs(pack_bytes=n.nbytes / 4, overlap=False),
-    )
-    assert packed == pytest.approx(ring + 3 * 2 * 1e-4)
+    # They are the buckets' plan: whole tensors, one pack per tensor here,
+    # and a tensor larger than a pack is not split.
+    quarters = traffic.Gradients((n.nbytes / 4,) * 4, (1.0,) * 4)
+    for gradients, packs in ((quarters, 4), (n, 1)):
+        packed = every_step.exposed_seconds(
+            gradients,
+            compute,
+            cluster,
+            traffic.Knobs(pack_bytes=n.nbytes / 8, overlap=False),
+        )
+        assert packed == pytest.approx(ring + (packs - 1) * 2 * 1e-4)
 
 
 def test_buckets_go_one_at_a_time_once_their_gradients_exist():

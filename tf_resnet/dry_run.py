@@ -73,12 +73,12 @@ def report(config, started):
             f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
             f"  dtype policy: {started.dtype_policy} "
             f"(--dtype={config.runtime.dtype})",
-            *_all_reduce_knobs(engine, dist, config.runtime.xla),
+            *_all_reduce_knobs(engine, dist, config.runtime, started),
         ]
     )
 
 
-def _all_reduce_knobs(engine, dist, xla):
+def _all_reduce_knobs(engine, dist, runtime, started):
     """A line for the gradient all-reduce's knobs, when any is set.
 
     The buckets' count depends on the model, which a dry run does not
@@ -92,10 +92,15 @@ def _all_reduce_knobs(engine, dist, xla):
             f"buckets of about {size / 2**20:g} MiB in reverse layer order, "
             + (
                 "issued together (--xla computes every gradient at once)"
-                if xla
+                if runtime.xla
                 else "each issued as the backward pass produces it"
             )
         )
+        if started.inter_op_threads != runtime.inter_op_threads:
+            knobs.append(
+                f"{started.inter_op_threads} inter-op threads (this process "
+                "has one core)"
+            )
     elif engine.overlaps:
         knobs.append("one all-reduce after the backward pass")
     if dist.gradient_compression != engines.NO_COMPRESSION:

@@ -18,9 +18,8 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import detect, devices
-
-# CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 from tf_resnet.config import engines
+from tf_resnet.distribute import buckets
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without
@@ -43,6 +42,8 @@ class Started:
         one its devices call for.
       devices: devices to replicate over, `None` for the default device.
       plan: the `devices.Plan` they come from.
+      inter_op_threads: the inter-op threads set (`inter_op_threads`; 0:
+        TensorFlow's default).
     """
 
     dtype_policy: str
@@ -51,6 +52,7 @@ class Started:
     by_devices: bool
     devices: list | None
     plan: devices.Plan
+    inter_op_threads: int = 0
 
 
 def cpu_bf16_flags(cpuinfo="/proc/cpuinfo"):
@@ -161,8 +163,34 @@ def quiet_tensorflow_internals():
         absl_logger.addFilter(_DropInternalInfo())
 
 
+def usable_cores():
+    """The cores this process may run on (its affinity, where known)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def inter_op_threads(asked, engine, dist, cores=None):
+    """The inter-op threads of a process: `--inter_op_threads`, if set.
+
+    Else TensorFlow's default (0: one per core), except on a process of
+    fewer cores than an overlapped all-reduce needs threads
+    (`buckets.INTER_OP_THREADS`): there it gets that many.
+
+    Args:
+      asked: `--inter_op_threads` (0: not set).
+      engine: the `engines.Engine` the process runs.
+      dist: its `DistributionConfig`.
+      cores: the process's cores (default: `usable_cores()`).
+    """
+    if asked or not (engine.overlaps and dist.overlap_all_reduce):
+        return asked
+    cores = usable_cores() if cores is None else cores
+    return buckets.INTER_OP_THREADS if cores < buckets.INTER_OP_THREADS else 0
+
+
 def start(config):
-    """Sets threads, dtype policy, devices and determinism; in that order.
+    """Resolves the engine; sets threads, dtype policy, devices, determinism.
 
     Args:
       config: a validated `settings.Config`.
@@ -176,18 +204,24 @@ def start(config):
     """
     runtime, dist = config.runtime, config.distribution
     quiet_tensorflow_internals()
-    tf.config.threading.set_intra_op_parallelism_threads(
-        runtime.intra_op_threads
-    )
-    tf.config.threading.set_inter_op_parallelism_threads(
-        runtime.inter_op_threads
-    )
-    policy = resolve_dtype(runtime.dtype)
-    keras.config.set_dtype_policy(policy)
     # The engine, once: the launcher's, else by the devices of the plan.
     name, reason = engines.resolve(dist.distribution, config.preset, dist)
     plan = device_plan(config, engines.devices_rule(name))
     engine = engines.running(name, plan.replicas)
+    tf.config.threading.set_intra_op_parallelism_threads(
+        runtime.intra_op_threads
+    )
+    threads = inter_op_threads(runtime.inter_op_threads, engine, dist)
+    if threads != runtime.inter_op_threads:
+        logging.info(
+            "%d inter-op threads: one per core would leave the overlapped "
+            "gradient all-reduce none beside the backward pass "
+            "(--inter_op_threads sets them)",
+            threads,
+        )
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    policy = resolve_dtype(runtime.dtype)
+    keras.config.set_dtype_policy(policy)
     names = apply_plan(plan)
     # Which host each process of a job runs on, in the job's log.
     logging.info(
@@ -202,4 +236,6 @@ def start(config):
         engines.check_settings(engine, dist)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
-    return Started(policy, engine, reason, name == engines.AUTO, names, plan)
+    return Started(
+        policy, engine, reason, name == engines.AUTO, names, plan, threads
+    )

@@ -195,8 +195,12 @@ class AllReduceEveryStep:
           knobs: `Knobs`.
         """
         if not knobs.overlap:
+            packs = (
+                len(gradients.buckets(knobs.pack_bytes))
+                if knobs.pack_bytes
+                else 1
+            )
             nbytes = gradients.nbytes * knobs.compression
-            packs = -(-nbytes // knobs.pack_bytes) if knobs.pack_bytes else 1
             return all_reduce_seconds(nbytes, cluster, packs)
         backward = BACKWARD_SHARE * compute
         done = 0.0

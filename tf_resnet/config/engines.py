@@ -118,6 +118,11 @@ class Engine:
       overlaps: its gradient all-reduce runs in buckets overlapped with
         the backward pass (`distribute.buckets`) unless
         `--nooverlap_all_reduce`; the engines without one refuse that flag.
+      overlap_waits_for_a_thread: its collectives start on TensorFlow's
+        inter-op threads: on one, which the backward pass holds, its
+        buckets start only once the pass is over (the scaling model then
+        schedules them after it; `runtime.inter_op_threads` gives an
+        overlapping process a second one by default).
       traffic: what it sends between nodes for one update
         (`tf_resnet.traffic`), for the scaling model; None: one node.
     """
@@ -140,6 +145,7 @@ class Engine:
     compresses: bool = False
     packs: str = ""
     overlaps: bool = False
+    overlap_waits_for_a_thread: bool = False
     traffic: object = None
 
     @property
@@ -351,6 +357,7 @@ ENGINES = {
             compresses=True,
             packs="CommunicationOptions(bytes_per_pack)",
             overlaps=True,
+            overlap_waits_for_a_thread=True,
             traffic=traffic.ALL_REDUCE_EVERY_STEP,
         ),
     )

@@ -358,7 +358,9 @@ class RuntimeConfig:
     )
     inter_op_threads: int = setting(
         0,
-        "Ops run concurrently (0: TensorFlow's default, one per core).",
+        "Ops run concurrently (0: TensorFlow's default, one per core, but "
+        "two on a process of one core whose gradient all-reduce overlaps "
+        "the backward pass).",
         bounds=NON_NEGATIVE,
     )
     deterministic: bool = setting(

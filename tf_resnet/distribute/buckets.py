@@ -18,6 +18,13 @@ kernels that leave the other threads computing. The Horovod engine calls
 collectives already pack the Keras optimizer's all-reduce this way, so
 multi_worker only sets the pack size. `tests/test_overlap.py` holds the
 order from a profile of a step of each.
+
+Both need an inter-op thread beside the one running the backward pass.
+On one thread, TensorFlow's collectives start only once the backward
+pass is over (none of them overlaps it), and Horovod's buckets finish
+well after it; `runtime.inter_op_threads` gives a process of one core
+`INTER_OP_THREADS` when its all-reduce overlaps (the profiles: the
+network scaling page of bench/README.md).
 """
 
 import math
@@ -25,6 +32,10 @@ import math
 import tensorflow as tf
 
 from tf_resnet import traffic
+
+# Inter-op threads an overlapped all-reduce needs: the backward pass's and
+# one to start and finish the buckets' all-reduces beside it.
+INTER_OP_THREADS = 2
 
 
 def _nbytes(tensor):
