@@ -105,7 +105,6 @@ def run_worker(spec):
         return run_tape_script(spec)
     import numpy as np
     import tensorflow as tf
-    from tensorflow.config import threading
 
     from tf_resnet import builders, train_loop
     from tf_resnet.config.settings import make_config
@@ -185,7 +184,9 @@ def run_worker(spec):
         "warmup_s": warmup,
         # What the process ran with (parameter_server's: always 2; 0, the
         # default, as `runtime.start` resolved it).
-        "inter_op_threads": threading.get_inter_op_parallelism_threads(),
+        "inter_op_threads": (
+            tf.config.threading.get_inter_op_parallelism_threads()
+        ),
         "tensors": len(model.trainable_variables),
         "gradient_bytes": sum(
             int(np.prod(v.shape)) * 4 for v in model.trainable_variables
