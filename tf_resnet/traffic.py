@@ -23,6 +23,7 @@ and the bucket before it is through.
 """
 
 import dataclasses
+import math
 
 # The bucket size of the overlapped gradient all-reduce when
 # `--all_reduce_pack_bytes` is 0: the best of those measured on emulated
@@ -111,6 +112,8 @@ class Cluster:
       node: the links inside a node (`Link`).
       ps_tasks: parameter servers, each on a node of its own (None: as
         many as the worker nodes).
+      call_seconds: a fixed cost of every all-reduce call (its launch,
+        Horovod's negotiation), calibrated on published clusters.
     """
 
     gpus: int
@@ -118,6 +121,7 @@ class Cluster:
     network: Link
     node: Link
     ps_tasks: int | None = None
+    call_seconds: float = 0.0
 
     @property
     def nodes(self):
@@ -143,9 +147,11 @@ def ring_seconds(nbytes, processes, link, messages=1):
 
 def all_reduce_seconds(nbytes, cluster, messages=1):
     """A hierarchical all-reduce of `nbytes` on every GPU of `cluster`."""
+    if cluster.gpus <= 1:
+        return 0.0
     inside = ring_seconds(nbytes, cluster.per_node, cluster.node, messages)
     between = ring_seconds(nbytes, cluster.nodes, cluster.network, messages)
-    return inside + between
+    return messages * cluster.call_seconds + inside + between
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +166,10 @@ class Knobs:
       overlap: the all-reduce in buckets of `pack_bytes` (or the default),
         each as the backward pass produces it (`--overlap_all_reduce`,
         the default); else one all-reduce in `pack_bytes` packs after it.
+        Under `--xla` nothing overlaps: the gradients appear at once.
+      cycle_ms: not the engine's buckets but Horovod's own fusion, by
+        cycles of this length (`fused_by_cycles`): a plain Horovod
+        script, as the published clusters ran; 0: the engine's buckets.
     """
 
     compression: float = 1.0
@@ -167,10 +177,38 @@ class Knobs:
     accumulate_steps: int = 1
     average_every: int = 1
     overlap: bool = True
+    cycle_ms: float = 0.0
 
 
 # The backward pass is about two thirds of a step (twice the forward).
 BACKWARD_SHARE = 2 / 3
+
+
+def fused_by_cycles(gradients, backward, cycle, cluster, compression=1.0):
+    """When Horovod's fused all-reduces of one backward pass are through.
+
+    Horovod's background thread wakes every `cycle` seconds and fuses
+    every tensor (or group) that is ready into one all-reduce; while one
+    is on the link, the next ones wait and are fused together at the
+    first cycle after it. So the all-reduces are few and large where the
+    link is the bottleneck, and small and many where it is not. Each
+    tensor is ready at its `Gradients.ready` share of `backward` seconds.
+    """
+    pending = sorted(
+        (ready * backward, size)
+        for size, ready in zip(gradients.sizes, gradients.ready, strict=True)
+        if size is not None
+    )
+    done, index = 0.0, 0
+    while index < len(pending):
+        first = pending[index][0]
+        start = max(done, math.ceil(first / cycle) * cycle)
+        nbytes = 0
+        while index < len(pending) and pending[index][0] <= start:
+            nbytes += pending[index][1]
+            index += 1
+        done = start + all_reduce_seconds(nbytes * compression, cluster)
+    return done
 
 
 class AllReduceEveryStep:
@@ -203,6 +241,12 @@ class AllReduceEveryStep:
             nbytes = gradients.nbytes * knobs.compression
             return all_reduce_seconds(nbytes, cluster, packs)
         backward = BACKWARD_SHARE * compute
+        if knobs.cycle_ms:
+            done = fused_by_cycles(
+                gradients, backward, knobs.cycle_ms / 1e3, cluster,
+                knobs.compression,
+            )  # fmt: skip
+            return max(0.0, done - backward)
         done = 0.0
         for nbytes, ready in gradients.buckets(bucket_bytes(knobs.pack_bytes)):
             start = max(done, ready * backward)
