@@ -26,14 +26,17 @@ Per model it prints, and writes to `--out`:
   * the all-reduce time against message size on 2 and 4 processes, per
     transport (Horovod's Gloo, TensorFlow's collectives), and the ring
     model `c + 2(p-1)a + 2(p-1)/p n/B` fitted to it;
-  * the step time of each engine on 1 node and on 2, beside what the
-    model predicts for the 2-node step from the 1-node step and the fit
-    (`tf_resnet.scaling.predict_two_nodes`), and the error.
+  * the step time of each engine on 1 node and on 2, and its efficiency
+    against the best single node of the run (`scaling_score`);
+  * the model's prediction of each 2-node step
+    (`tf_resnet.scaling.predict_two_nodes`), made from what is known
+    before the 2-node jobs and written, with a sha256, to
+    `<--out>.predictions.json` before they start; then scored, in
+    efficiency points, against what they measured.
 """
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import shutil
@@ -47,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import common  # noqa: E402
 import emulated_cluster  # noqa: E402
+import scaling_score  # noqa: E402
 
 from tf_resnet import scaling, traffic  # noqa: E402
 from tf_resnet.config import engines  # noqa: E402
@@ -221,7 +225,7 @@ def run_worker(spec):
             )
     if spec.get("sweep"):
         fp16 = spec["flags"].get("gradient_compression") == "fp16"
-        result["sweep"] = sweep(
+        result["sweep"], result["sweep_cpu_s"] = sweep(
             mode, spec["sweep"], spec["sweep_repeats"], fp16
         )
     if mode.is_chief:
@@ -404,7 +408,13 @@ def compute_alone(mode, model, optimizer, config, iterator, spec):
 def sweep(mode, sizes, repeats, fp16=False):
     """Seconds of one all-reduce of a float32 tensor of each size (bytes).
 
-    With `fp16`, as `--gradient_compression=fp16` all-reduces it.
+    With `fp16`, as `--gradient_compression=fp16` all-reduces it. Also
+    this process's CPU time per all-reduce (every thread of it: the
+    transport's own too): what an all-reduce costs a node's core, which
+    the 2-node rows' predictions take from here (`communication_cpu`).
+
+    Returns:
+      `({bytes: seconds}, {bytes: CPU seconds})`, medians of `repeats`.
     """
     import tensorflow as tf
 
@@ -412,7 +422,7 @@ def sweep(mode, sizes, repeats, fp16=False):
     # is handed float16, as the optimizer's compressed one is.
     horovod = getattr(mode, "strategy", None) is None
     dtype = tf.float16 if fp16 and not horovod else tf.float32
-    times = {}
+    times, cpu = {}, {}
     for nbytes in sizes:
         tensor = tf.cast(tf.ones([max(1, nbytes // 4)]), dtype)
 
@@ -423,13 +433,15 @@ def sweep(mode, sizes, repeats, fp16=False):
             return summed[0][0]
 
         all_reduce(tensor).numpy()
-        samples = []
+        samples, cpu_samples = [], []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start, began = time.perf_counter(), time.process_time()
             all_reduce(tensor).numpy()
             samples.append(time.perf_counter() - start)
+            cpu_samples.append(time.process_time() - began)
         times[str(nbytes)] = statistics.median(samples)
-    return times
+        cpu[str(nbytes)] = statistics.median(cpu_samples)
+    return times, cpu
 
 
 def serve_rendezvous(hosts):
@@ -738,39 +750,48 @@ def rows(average_every, pack_bytes, bucket_sizes=()):
     ]  # fmt: skip
 
 
-def measure_model(cluster, model, args, network, log):
-    """Every measurement of one model, as a dict (the `--out` file's)."""
-    batch = args.batch.get(model, 32)
-    base = {
-        "model": model,
-        "inter_op_threads": args.inter_op_threads,
-        "warmup_steps": args.warmup_steps,
-        "steps": args.steps,
-        "blocks": args.blocks,
-    }
+class ModelJobs:
+    """The jobs of one model's run, on the cluster's nodes."""
 
-    def spec_of(flags, processes, extra=None):
+    def __init__(self, cluster, model, args, log):
+        self.cluster = cluster
+        self.model = model
+        self.args = args
+        self.log = log
+        self.batch = args.batch.get(model, 32)
+        self.base = {
+            "model": model,
+            "inter_op_threads": args.inter_op_threads,
+            "warmup_steps": args.warmup_steps,
+            "steps": args.steps,
+            "blocks": args.blocks,
+        }
+
+    def spec(self, flags, processes, extra=None):
         return {
-            **base,
+            **self.base,
             "flags": flags,
             # Accumulation keeps each micro-batch at `batch`.
-            "global_batch": batch
+            "global_batch": self.batch
             * processes
             * flags.get("accumulate_steps", 1),
             **(extra or {}),
         }
 
+    @staticmethod
     def described(flags, extra):
         """The flags, and what a row's own job spec adds (`Row.job_spec`)."""
         own = [f"{k}={extra[k]}" for k in Row.SPEC_KEYS if (extra or {}).get(k)]
         return f"{flags}" + (f" ({', '.join(own)})" if own else "")
 
-    def job(flags, nodes, extra=None):
+    def job(self, flags, nodes, extra=None):
         processes = 1 if flags["distribution"] == "parameter_server" else nodes
-        log(f"  {model} {described(flags, extra)} on {nodes} node(s) ...")
-        return Job(cluster, spec_of(flags, processes, extra), nodes).run()
+        self.log(f"  {self.model} {self.described(flags, extra)} on {nodes} "
+                 "node(s) ...")  # fmt: skip
+        spec = self.spec(flags, processes, extra)
+        return Job(self.cluster, spec, nodes).run()
 
-    def twin(flags, extra=None):
+    def twin(self, flags, extra=None):
         """Two 1-node jobs at once, one per core.
 
         The step of one node whose neighbour computes too, as in every
@@ -778,20 +799,21 @@ def measure_model(cluster, model, args, network, log):
         memory; real ones do not). A synchronous step waits for the slower
         node: its median is the row's 1-node step.
         """
-        log(f"  {model} {described(flags, extra)} on 1 node, twice at "
-            "once ...")  # fmt: skip
-        jobs = [Job(cluster, spec_of(flags, 1, extra), 1, n) for n in (0, 1)]
+        self.log(f"  {self.model} {self.described(flags, extra)} on 1 node, "
+                 "twice at once ...")  # fmt: skip
+        spec = self.spec(flags, 1, extra)
+        jobs = [Job(self.cluster, spec, 1, n) for n in (0, 1)]
         try:
             chiefs = [j.start() for j in jobs]
             runs = [Job.collect(chief) for chief in chiefs]
         finally:
-            cluster.stop_processes()
+            self.cluster.stop_processes()
         slower = max(runs, key=lambda run: statistics.median(run["step_s"]))
-        each = [statistics.median(run["step_s"]) for run in runs]
         return {
             "step_s": slower["step_s"],
             "process_cpu_s": slower.get("process_cpu_s"),
-            "each_node_s": each,
+            "inter_op_threads": slower["inter_op_threads"],
+            "each_node_s": [statistics.median(r["step_s"]) for r in runs],
             "paired_s": paired_slower(
                 *(run["each_step_s"] for run in runs),
                 flags.get("average_every", 1),
@@ -801,12 +823,18 @@ def measure_model(cluster, model, args, network, log):
             ),
         }
 
+
+def calibrate(jobs, network):
+    """The slow-down, the shaped link, iperf3 and the all-reduce sweeps.
+
+    All before any row's job: what the rows' predictions may use.
+    """
+    cluster, model, log = jobs.cluster, jobs.model, jobs.log
     # The 1-node Horovod step sets the slow-down (no network in it).
     cluster.shape(UNSHAPED_MBIT)
-    reference = job({"distribution": "horovod"}, 1)
+    reference = jobs.job({"distribution": "horovod"}, 1)
     cpu_step = statistics.median(reference["step_s"])
-    gpu = scaling.GPU_STEPS[model]
-    slowdown = cpu_step / (gpu.ms / 1e3)
+    slowdown = cpu_step / (scaling.GPU_STEPS[model].ms / 1e3)
     # Unshaped: the links as fast as the machine moves bytes (the
     # all-reduce's cost in software alone).
     rate = UNSHAPED_MBIT if network is None else network.gbit * 1e3 / slowdown
@@ -815,12 +843,11 @@ def measure_model(cluster, model, args, network, log):
     log(f"  {model}: CPU step {1e3 * cpu_step:.0f} ms, s = {slowdown:.1f}, "
         f"link {rate:.1f} Mbit/s, iperf3 {goodput:.1f}")  # fmt: skip
     n = reference["gradient_bytes"]
-    sizes = sorted({4096, 65536, n // 16, n // 4, n, 2 * n})
     result = {
         "model": model,
-        "batch_per_process": batch,
+        "batch_per_process": jobs.batch,
         "bucket_bytes": traffic.DEFAULT_BUCKET_BYTES,
-        "inter_op_threads": args.inter_op_threads,
+        "inter_op_threads": jobs.args.inter_op_threads,
         "network": UNSHAPED if network is None else network.name,
         "cpu_step_s": cpu_step,
         "slowdown": slowdown,
@@ -830,25 +857,45 @@ def measure_model(cluster, model, args, network, log):
         "tensors": reference["tensors"],
         "state_bytes": reference["state_bytes"],
         "sweeps": {},
+        "sweep_cpu_s": {},
         "rows": [],
+        "prediction_sha256": [],
     }
-    wanted = args.only.split(",") if args.only else None
-    transports = {"horovod": {}, "multi_worker": {}}
-    if args.knobs:
-        fp16 = {"gradient_compression": "fp16"}
-        transports.update({"horovod+fp16": fp16, "multi_worker+fp16": fp16})
-    for transport, knobs in transports.items():
+    sizes = sorted({4096, 65536, n // 16, n // 4, n, 2 * n})
+    for transport, knobs in transports(jobs.args).items():
         engine = transport.split("+")[0]
-        if wanted and engine not in wanted:
-            continue
         for processes in (2, 4):
-            run = job(
+            run = jobs.job(
                 {"distribution": engine, **knobs},
                 processes,
-                {"sweep": sizes, "sweep_repeats": args.sweep_repeats,
+                {"sweep": sizes, "sweep_repeats": jobs.args.sweep_repeats,
                  "steps": 1, "blocks": 1, "warmup_steps": 1},
             )  # fmt: skip
             result["sweeps"][f"{transport} {processes}"] = run["sweep"]
+            result["sweep_cpu_s"][f"{transport} {processes}"] = run[
+                "sweep_cpu_s"
+            ]
+    return result
+
+
+def transports(args):
+    """`{transport: flags}` of the sweeps the run's rows need."""
+    wanted = args.only.split(",") if args.only else None
+    needed = wanted and {TRANSPORT.get(e, e) for e in wanted}
+    every = {"horovod": {}, "multi_worker": {}}
+    if args.knobs:
+        fp16 = {"gradient_compression": "fp16"}
+        every.update({"horovod+fp16": fp16, "multi_worker+fp16": fp16})
+    return {
+        transport: knobs
+        for transport, knobs in every.items()
+        if not needed or transport.split("+")[0] in needed
+    }
+
+
+def selected_rows(args):
+    """The rows of the run, as its flags choose them."""
+    wanted = args.only.split(",") if args.only else None
 
     def chosen(row):
         if wanted and row.engine not in wanted:
@@ -863,70 +910,105 @@ def measure_model(cluster, model, args, network, log):
 
     sizes = [float(m) for m in args.bucket_sizes.split(",") if m]
     every_row = rows(args.average_every, args.pack_bytes, sizes)
-    selected = [row for row in every_row if chosen(row)]
-    # Rounds: every row once per round, in alternating order, so that a
-    # drift of the machine's speed touches all rows alike; each round's
-    # job is one sample of the row's step.
-    # parameter_server's row also runs its jobs on unshaped links, each
-    # round: its step without the network (`predict_row`).
-    jobs = {row.name: {"1": [], "2": []} for row in selected}
+    return [row for row in every_row if chosen(row)]
+
+
+def single_node_jobs(jobs, row, runs, rate):
+    """A row's 1-node jobs of one round, appended to `runs`.
+
+    parameter_server's row also runs its jobs on unshaped links, on 1
+    node and on 2: its step without the network (`predict_row`). They
+    run here, before the round's predictions: no network, no job the
+    predictions are scored against.
+    """
+    if row.engine != "parameter_server":
+        runs["1"].append(jobs.twin(row.flags, row.job_spec))
+        return
+    runs["1"].append(jobs.job(row.flags, 1))
+    jobs.cluster.shape(UNSHAPED_MBIT)
+    for nodes in (1, 2):
+        unshaped = runs.setdefault(f"{nodes} unshaped", [])
+        unshaped.append(jobs.job(row.flags, nodes))
+    jobs.cluster.shape(rate)
+
+
+def two_node_job(jobs, row):
+    """A row's 2-node job.
+
+    The synchronous engines' plain rows also time their step's
+    all-reduces alone (`communication_alone`), and Horovod's its step
+    without them (`compute_alone`).
+    """
+    own = row.job_spec
+    plain = row.flags == {"distribution": row.engine} and not own
+    ps = row.engine == "parameter_server"
+    extra = {"communication_alone": plain and not ps, **own}
+    return jobs.job(row.flags, 2, extra)
+
+
+def measure_model(cluster, model, args, network, log, predictions):
+    """Every measurement of one model, as a dict (the `--out` file's).
+
+    Rounds: every row once per round, in alternating order, so that a
+    drift of the machine's speed touches all rows alike; each round's job
+    is one sample of the row's step. In each round every row's 1-node jobs
+    run first; then the round's predictions of every 2-node step are
+    written (`predictions`, a `PredictionsFile`) and only then do the
+    2-node jobs start.
+    """
+    jobs = ModelJobs(cluster, model, args, log)
+    result = calibrate(jobs, network)
+    selected = selected_rows(args)
+    runs = {row.name: {"1": [], "2": []} for row in selected}
+    gradients = gradients_of(model)
     for round_ in range(args.rounds):
         log(f"  {model}: round {round_ + 1} of {args.rounds}")
-        for row in selected if round_ % 2 == 0 else selected[::-1]:
-            ps = row.engine == "parameter_server"
-            own = row.job_spec
-            jobs[row.name]["1"].append(
-                job(row.flags, 1) if ps else twin(row.flags, own)
-            )
-            # The synchronous engines' 2-node jobs also time their step's
-            # all-reduces alone (`communication_alone`), and Horovod's its
-            # step without them (`compute_alone`).
-            plain = row.flags == {"distribution": row.engine} and not own
-            extra = {"communication_alone": plain and not ps, **own}
-            jobs[row.name]["2"].append(job(row.flags, 2, extra))
-            if ps:
-                cluster.shape(UNSHAPED_MBIT)
-                for nodes in (1, 2):
-                    unshaped = jobs[row.name].setdefault(
-                        f"{nodes} unshaped", []
-                    )
-                    unshaped.append(job(row.flags, nodes))
-                cluster.shape(rate)
-    for row in selected:
-        runs = jobs[row.name]
-        measured = {
-            "name": row.name,
-            "flags": row.flags,
-            "script": row.script,
-            "inter_op_threads": runs["2"][0]["inter_op_threads"],
-        }
-        for key, samples in runs.items():
-            medians = [statistics.median(run["step_s"]) for run in samples]
-            steps = [s for run in samples for s in run["step_s"]]
-            measured[key] = {
-                "step_s": statistics.median(medians),
-                "rounds": medians,
-                "range": [min(steps), max(steps)],
-                "samples": steps,
-                **({"each_node_s": [run["each_node_s"] for run in samples]}
-                   if "each_node_s" in samples[0] else {}),
-                **({key: [min(run[key]) for run in samples]
-                    for key in ("average_s", "communication_s")
-                    if key in samples[0]}),
-                **({"compute_s": [statistics.median(run["compute_s"])
-                                  for run in samples]}
-                   if "compute_s" in samples[0] else {}),
-                **({key: [run[key] for run in samples]
-                    for key in ("paired_s", "slower_mean_s")}
-                   if "paired_s" in samples[0] else {}),
-                **({"cpu_s": [run["cpu_s"] for run in samples]}
-                   if "cpu_s" in samples[0] else {}),
-                **({"process_cpu_s": [run["process_cpu_s"]
-                                      for run in samples]}
-                   if samples[0].get("process_cpu_s") else {}),
-            }  # fmt: skip
-        result["rows"].append(measured)
+        order = selected if round_ % 2 == 0 else selected[::-1]
+        for row in order:
+            single_node_jobs(jobs, row, runs[row.name], result["link_mbit"])
+        entry = predict_round(result, selected, runs, round_, gradients)
+        predictions.add(entry)
+        result["prediction_sha256"].append(entry["sha256"])
+        for row in order:
+            runs[row.name]["2"].append(two_node_job(jobs, row))
+    result["rows"] = [summarise(row, runs[row.name]) for row in selected]
     return result
+
+
+def summarise(row, runs):
+    """A row as saved: each node count's rounds, medians and extras."""
+    measured = {
+        "name": row.name,
+        "flags": row.flags,
+        "script": row.script,
+        "inter_op_threads": runs["2"][0]["inter_op_threads"],
+    }
+    for key, samples in runs.items():
+        medians = [statistics.median(run["step_s"]) for run in samples]
+        steps = [s for run in samples for s in run["step_s"]]
+        measured[key] = {
+            "step_s": statistics.median(medians),
+            "rounds": medians,
+            "range": [min(steps), max(steps)],
+            "samples": steps,
+            **({"each_node_s": [run["each_node_s"] for run in samples]}
+               if "each_node_s" in samples[0] else {}),
+            **({key: [min(run[key]) for run in samples]
+                for key in ("average_s", "communication_s")
+                if key in samples[0]}),
+            **({"compute_s": [statistics.median(run["compute_s"])
+                              for run in samples]}
+               if "compute_s" in samples[0] else {}),
+            **({key: [run[key] for run in samples]
+                for key in ("paired_s", "slower_mean_s")}
+               if "paired_s" in samples[0] else {}),
+            **({"cpu_s": [run["cpu_s"] for run in samples]}
+               if "cpu_s" in samples[0] else {}),
+            **({"process_cpu_s": [run["process_cpu_s"]
+                                  for run in samples]}
+               if samples[0].get("process_cpu_s") else {}),
+        }  # fmt: skip
+    return measured
 
 
 def paired_slower(first, second, every=1):
@@ -1007,23 +1089,37 @@ def transport_of(flags):
     return f"{engine}+fp16" if fp16 else engine
 
 
-def communication_cpu(row, round_=None):
-    """CPU time per step a row's 2-node jobs spend beyond its 1-node jobs.
+def cpu_fits_of(result):
+    """`{transport: fit}` of the chief's CPU time per all-reduce, 2 processes.
 
-    What the all-reduce costs the one core a node has here (Gloo's or
-    gRPC's threads, the kernel's TCP): overlapped, it competes with the
-    backward pass for that core, where a GPU node's CPU does it beside
-    the GPU's computation. Its median over the rounds, or `round_`'s; 0
-    for runs saved before it was measured.
+    From the sweeps (`sweep`), fitted per call and per byte
+    (`scaling_score.fit_cpu`).
     """
-    ones = row["1"].get("process_cpu_s")
-    twos = row["2"].get("process_cpu_s")
-    if not ones or not twos:
-        return 0.0
-    extra = [max(0.0, t - o) for o, t in zip(ones, twos, strict=True)]
-    if round_ is not None and round_ < len(extra):
-        return extra[round_]
-    return statistics.median(extra)
+    fits = {}
+    for key, sweep_cpu in result.get("sweep_cpu_s", {}).items():
+        transport, processes = key.split()
+        if processes == "2":
+            fits[transport] = scaling_score.fit_cpu(
+                [(int(n), cpu) for n, cpu in sweep_cpu.items()]
+            )
+    return fits
+
+
+def communication_cpu(cpu_fit, knobs, gradients):
+    """CPU time per update a row's all-reduces cost a node's one core.
+
+    Overlapped on a node of one core, the all-reduce's CPU work (Gloo's or
+    gRPC's threads, the kernel's TCP) runs between the backward pass's
+    ops, not beside them, so the prediction adds it to the step (a GPU
+    node's CPU does it beside the GPU's computation). It is estimated
+    from what is known before the row's 2-node jobs: the transport's
+    CPU time per all-reduce in the sweeps (`cpu_fits_of`), for the row's
+    buckets and bytes. Not from the 2-node job's own CPU time less the
+    1-node job's, as the model took it before: that is a measurement of
+    the job being predicted, and a prediction scored on it is a fit.
+    """
+    calls = len(gradients.buckets(knobs.pack_bytes)) if knobs.pack_bytes else 1
+    return scaling_score.communication_cpu(cpu_fit, gradients.nbytes, calls)
 
 
 def threads_of(result, row):
@@ -1038,30 +1134,22 @@ def threads_of(result, row):
     )
 
 
-def predict_row(result, fits, row, one, round_=None, gradients=None):
+def predict_row(result, row, one, gradients, unshaped=None):
     """The model's 2-node step of a row whose 1-node step is `one`.
 
-    `round_`: the row's unshaped steps are that round's, where measured.
-    `gradients`: the model's `traffic.Gradients` (`gradients_of`).
+    Args:
+      result: the model's calibration (`calibrate`: the link, the sweeps).
+      row: `{"name", "flags", "script", "inter_op_threads"}`.
+      one: the row's 1-node step, seconds.
+      gradients: the model's `traffic.Gradients` (`gradients_of`).
+      unshaped: parameter_server's steps on unshaped links, 1 node and 2.
+
+    Returns:
+      `(seconds, the communication's CPU time added to them)`.
     """
-    gradients = gradients or gradients_of(result["model"])
     flags = row["flags"]
     engine = engines.ENGINES[flags["distribution"]]
-
-    def step(key):
-        measured = row[key]
-        rounds = measured.get("rounds", [])
-        if round_ is not None and round_ < len(rounds):
-            return rounds[round_]
-        return measured["step_s"]
-
     if engine.traffic is traffic.PUSH_PULL:
-        if "1 unshaped" not in row:
-            sys.exit(
-                f"network_scaling: the {row['name']} row has no jobs on "
-                "unshaped links (a run saved before they were measured): "
-                "run it again"
-            )
         # One worker's pull and push: its 1-node step less the same job's
         # on unshaped links. The step without the network on two nodes is
         # the 2-node job's on unshaped links, as the twin 1-node jobs are
@@ -1069,269 +1157,502 @@ def predict_row(result, fits, row, one, round_=None, gradients=None):
         # coordinator share the machine's two cores (the workers, unpinned,
         # each compute on both when alone), which on a cluster they do not.
         fit = scaling.RingFit(
-            0, 0, 2 * result["gradient_bytes"] / (one - step("1 unshaped"))
+            0, 0, 2 * result["gradient_bytes"] / (one - unshaped[0])
         )
-        base = 2 * step("2 unshaped")  # A worker's step: two per update.
-    else:
-        fit, base = fits[transport_of(flags)], one
-        # The buckets of the run's default size (runs before it was
-        # saved: 4 MiB, the default then).
-        default = result.get("bucket_bytes", 4 * 2**20)
-        knobs = knobs_of(
-            flags, row.get("script", ""), default, threads_of(result, row)
+        base = 2 * unshaped[1]  # A worker's step: two per update.
+        step = scaling.predict_two_nodes(
+            engine, knobs_of(flags), base, fit, gradients
         )
-        # Overlapped, the communication's CPU time is added to the step
-        # but not to the backward pass the buckets hide behind: on a node
-        # of one core it runs between that pass's ops, not beside them.
-        cpu = 0.0
-        if engine.overlaps and knobs.overlap:
-            cpu = communication_cpu(row, round_)
-        return (
-            scaling.predict_two_nodes(engine, knobs, base, fit, gradients) + cpu
+        return step, 0.0
+    transport = transport_of(flags)
+    knobs = knobs_of(
+        flags, row.get("script", ""), result["bucket_bytes"],
+        threads_of(result, row),
+    )  # fmt: skip
+    step = scaling.predict_two_nodes(
+        engine, knobs, one, fits_of(result)[transport], gradients
+    )
+    cpu = 0.0
+    if engine.overlaps and knobs.overlap:
+        cpu = communication_cpu(
+            cpu_fits_of(result)[transport], knobs, gradients
         )
-    return scaling.predict_two_nodes(
-        engine, knobs_of(flags), base, fit, gradients
+    return step + cpu, cpu
+
+
+def asynchronous(row):
+    """Whether a saved row's engine is asynchronous (parameter_server)."""
+    return engines.ENGINES[row["flags"]["distribution"]].asynchronous
+
+
+def predict_round(result, selected, runs, round_, gradients):
+    """One round's predictions of every 2-node step, from its 1-node jobs.
+
+    Inputs: the calibration (`calibrate`: link, iperf3, sweeps), each
+    row's 1-node jobs of the round (parameter_server's on unshaped links
+    too), the model's layer table and the rows' knobs. Returns the entry
+    the predictions file holds (`scaling_score.prediction_entry`).
+    """
+    known = {}
+    for row in selected:
+        samples = runs[row.name]
+
+        def step(key, samples=samples):
+            return statistics.median(samples[key][round_]["step_s"])
+
+        known[row.name] = {
+            "name": row.name,
+            "flags": row.flags,
+            "script": row.script,
+            "inter_op_threads": samples["1"][round_]["inter_op_threads"],
+            "1": {"rounds": [step("1")]},
+        }
+        if "1 unshaped" in samples:
+            known[row.name]["unshaped_s"] = [
+                step(f"{n} unshaped") for n in (1, 2)
+            ]
+    best = scaling_score.best_single_node(list(known.values()), asynchronous)
+    predictions = []
+    for name, row in known.items():
+        one = row["1"]["rounds"][0]
+        two, cpu = predict_row(
+            result, row, one, gradients, row.get("unshaped_s")
+        )
+        predicted = {**row, "2": {"rounds": [two]}}
+        efficiency = scaling_score.efficiency(
+            predicted, best, asynchronous(row)
+        )[0]
+        predictions.append({
+            "row": name, "one_node_s": one, "two_nodes_s": two,
+            "communication_cpu_s": cpu, "efficiency": efficiency,
+            "against": "own 1-node job" if asynchronous(row)
+            else "best single node",
+        })  # fmt: skip
+    inputs = prediction_inputs(result, known, best)
+    return scaling_score.prediction_entry(
+        result["model"], round_, inputs, predictions
     )
 
 
-def report(results):
-    """The Markdown tables of `results` (the `--out` file)."""
+def prediction_inputs(result, known, best):
+    """What a round's predictions were made from, saved beside them."""
+    return {
+        "link_mbit": result["link_mbit"],
+        "iperf3_mbit": result["iperf3_mbit"],
+        "gradient_bytes": result["gradient_bytes"],
+        "bucket_bytes": result["bucket_bytes"],
+        "ring_fits": {
+            t: dataclasses.asdict(f) for t, f in fits_of(result).items()
+        },
+        "cpu_fits": cpu_fits_of(result),
+        "best_single_node": {"step_s": best[0][0], "row": best[0][1]}
+        if best
+        else None,
+        "rows": known,
+    }
+
+
+class PredictionsFile:
+    """The predictions file of a run, rewritten as each round's is added."""
+
+    def __init__(self, path, log):
+        self.path = path
+        self.log = log
+        self.entries = []
+
+    def add(self, entry):
+        """Writes `entry` with those before it and logs its hash."""
+        self.entries.append(entry)
+        scaling_score.write_predictions(self.path, self.entries)
+        self.log(
+            f"  {entry['model']}: round {entry['round'] + 1}'s predictions "
+            f"written to {self.path} at {entry['written']}, sha256 "
+            f"{entry['sha256']}; now the 2-node jobs"
+        )
+
+
+def report(results, predictions=None):
+    """The Markdown tables of `results` (the `--out` file).
+
+    `predictions`: the entries of its predictions file, as written before
+    the 2-node jobs (`scaling_score.read_predictions`); None for a run
+    saved before the bench wrote them.
+    """
     lines = [f"{results['cpu']}, {results['date']}", ""]
     for result in results["models"]:
         fits = fits_of(result)
-        gradients = gradients_of(result["model"])
-        link = result["link_mbit"] * 1e6 / 8
-        lines += [
-            f"### {result['model']}, batch {result['batch_per_process']} per "
-            f"process, {result['network']} seen from a GPU",
-            "",
-            f"CPU step {1e3 * result['cpu_step_s']:.0f} ms, GPU step "
-            f"{scaling.GPU_STEPS[result['model']].ms:.2f} ms: s = "
-            f"{result['slowdown']:.1f}; link {result['link_mbit']:.1f} Mbit/s, "
-            f"iperf3 goodput {result['iperf3_mbit']:.1f} Mbit/s "
-            f"({100 * result['iperf3_mbit'] / result['link_mbit']:.1f}%); "
-            f"gradients {result['gradient_bytes'] / 1e6:.2f} MB",
-            "",
-            "| all-reduce | size MB | measured ms | fit ms | error |",
-            "| --- | --- | --- | --- | --- |",
-        ]
-        for key, sweep in result["sweeps"].items():
-            transport, processes = key.split()
-            for nbytes, seconds in sweep.items():
-                fitted = fits[transport](int(nbytes), int(processes))
-                lines.append(
-                    f"| {transport}, {processes} processes | "
-                    f"{int(nbytes) / 1e6:.3f} | {1e3 * seconds:.1f} | "
-                    f"{1e3 * fitted:.1f} | "
-                    f"{100 * (fitted / seconds - 1):+.0f}% |"
-                )
-        lines += ["", "| transport | c ms | a ms | B MB/s | B / link |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
-        for transport, fit in fits.items():
-            lines.append(
-                f"| {transport} | {1e3 * fit.c:.2f} | {1e3 * fit.a:.3f} | "
-                f"{fit.bandwidth / 1e6:.1f} | {fit.bandwidth / link:.2f} |"
-            )
-        lines += [
-            "",
-            "| engine | 1 node ms | 2 nodes ms | 2 nodes, each round ms | "
-            "speed-up | efficiency, each round | predicted 2 nodes ms | "
-            "error | error, each round |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for row in result["rows"]:
-            one, two = row["1"]["step_s"], row["2"]["step_s"]
-            engine = engines.ENGINES[row["flags"]["distribution"]]
-            predict = functools.partial(
-                predict_row, result, fits, row, gradients=gradients
-            )
-            # Each round's 1-node and 2-node jobs ran one after the other:
-            # its error is free of the machine's drift between rounds.
-            ones = row["1"].get("rounds", [one])
-            twos = row["2"].get("rounds", [two])
-            errors = [
-                predict(o, i) / t - 1
-                for i, (o, t) in enumerate(zip(ones, twos, strict=True))
-            ]
-            # Throughput of 2 against 1: a synchronous step does twice the
-            # work; a parameter-server step is one update either way.
-            speedup = one / two * (1 if engine.asynchronous else 2)
-            # Each round's 2-node throughput against twice its 1-node one.
-            efficiency = [
-                o / t * (0.5 if engine.asynchronous else 1)
-                for o, t in zip(ones, twos, strict=True)
-            ]
-            lines.append(
-                f"| {row['name']} | {1e3 * one:.0f} | {1e3 * two:.0f} | "
-                f"{', '.join(f'{1e3 * t:.0f}' for t in twos)} | "
-                f"{speedup:.2f}x | "
-                f"{', '.join(f'{100 * e:.0f}%' for e in efficiency)} | "
-                f"{1e3 * predict(one):.0f} | "
-                f"{100 * statistics.median(errors):+.1f}% | "
-                f"{', '.join(f'{100 * e:+.0f}%' for e in errors)} |"
-            )
-        for row in result["rows"]:
-            if "paired_s" not in row["1"]:
-                continue
-            predict = functools.partial(
-                predict_row, result, fits, row, gradients=gradients
-            )
-            pairs = zip(row["1"]["paired_s"], row["1"]["slower_mean_s"],
-                        row["2"]["rounds"], strict=True)  # fmt: skip
-            lines += [
-                "",
-                f"{row['name']}, stragglers: each round's 1-node step as "
-                "the slower node's mean, as the mean of the slower of "
-                "every pair of the two nodes' steps (between all-reduces; "
-                "a synchronous step waits for the slower node), and the "
-                "model's error with the second: "
-                + "; ".join(
-                    f"{1e3 * slower:.0f}, {1e3 * paired:.0f} ms, "
-                    f"{100 * (predict(paired, i) / two - 1):+.0f}%"
-                    for i, (paired, slower, two) in enumerate(pairs)
-                )
-                + ".",
-            ]
-        for row in result["rows"]:
-            if not row["2"].get("process_cpu_s"):
-                continue
-            extra = [
-                communication_cpu(row, i)
-                for i in range(len(row["2"]["process_cpu_s"]))
-            ]
-            lines += [
-                "",
-                f"{row['name']}: the chief's CPU time per step, 1 node and "
-                "2 nodes, each round: "
-                + "; ".join(
-                    f"{1e3 * o:.0f}, {1e3 * t:.0f} ms"
-                    for o, t in zip(row["1"]["process_cpu_s"],
-                                    row["2"]["process_cpu_s"], strict=True)
-                )
-                + "; the communication's, the difference: "
-                + ", ".join(f"{1e3 * e:.0f}" for e in extra)
-                + " ms (added to the step the overlapped rows' model starts "
-                "from: on one core it competes with the backward pass).",
-            ]  # fmt: skip
-            if engines.ENGINES[row["flags"]["distribution"]].asynchronous:
-                continue
-            # A node's one core cannot run a step in less than the
-            # process's CPU time per step: however well the all-reduce
-            # hides, the efficiency is at most the 1-node step over it.
-            ceilings = zip(row["1"]["rounds"], row["2"]["process_cpu_s"],
-                           strict=True)  # fmt: skip
-            lines[-1] += (
-                " The most a node of one core allows, each round's 1-node "
-                "step over its 2-node CPU time per step: "
-                + ", ".join(f"{100 * o / c:.0f}%" for o, c in ceilings)
-                + "."
-            )
-        for row in result["rows"]:
-            if "1 unshaped" not in row:
-                continue
-            pairs = zip(row["1"]["rounds"], row["1 unshaped"]["rounds"],
-                        strict=True)  # fmt: skip
-            network = [one - fast for one, fast in pairs]
-            lines += [
-                "",
-                f"{row['name']}: one worker's pull and push, its 1-node "
-                "step less the same job's on unshaped links, each round: "
-                + ", ".join(f"{1e3 * t:.0f}" for t in network)
-                + " ms; as a bandwidth ("
-                f"{2 * result['gradient_bytes'] / 1e6:.2f} MB over it), "
-                + ", ".join(
-                    f"{2 * result['gradient_bytes'] / t / link:.2f}"
-                    for t in network
-                )
-                + " of the link's rate.",
-            ]
-        for row in result["rows"]:
-            # Runs saved before only parameter_server's jobs measured it
-            # have the CPU time of other chiefs alone.
-            if "ps" not in row["2"].get("cpu_s", [{}])[0]:
-                continue
-            cores = results.get("cores", 2)
-            lines += [
-                "",
-                f"{row['name']}: CPU time per update over the timed steps, "
-                "each round (the chief is the coordinator), against the "
-                f"step; all of it over the machine's {cores} cores is a "
-                "floor under the step:",
-                "",
-                "| nodes | round | ps ms | workers ms | coordinator ms | "
-                f"all ms | all over {cores} cores ms | step ms |",
-                "| --- | --- | --- | --- | --- | --- | --- | --- |",
-            ]
-            for nodes in ("1", "2", "1 unshaped", "2 unshaped"):
-                if nodes not in row:
-                    continue
-                pairs = zip(row[nodes]["cpu_s"], row[nodes]["rounds"],
-                            strict=True)  # fmt: skip
-                for i, (cpu, step) in enumerate(pairs):
-                    workers = sum(
-                        t for n, t in cpu.items() if n.startswith("worker")
-                    )
-                    every = sum(cpu.values())
-                    lines.append(
-                        f"| {nodes} | {i + 1} | {1e3 * cpu['ps']:.0f} | "
-                        f"{1e3 * workers:.0f} | {1e3 * cpu['chief']:.0f} | "
-                        f"{1e3 * every:.0f} | {1e3 * every / cores:.0f} | "
-                        f"{1e3 * step:.0f} |"
-                    )
-        for row in result["rows"]:
-            if "average_s" not in row["2"]:
-                continue
-            nbytes = result.get("state_bytes", 2 * result["gradient_bytes"])
-            fitted = fits[transport_of(row["flags"])](nbytes, 2)
-            each = ", ".join(f"{1e3 * t:.0f}" for t in row["2"]["average_s"])
-            lines += [
-                "",
-                f"{row['name']}: its all-reduce of {nbytes / 1e6:.1f} MB "
-                f"(weights, statistics, slots) alone in the 2-node jobs: "
-                f"{each} ms (each round's fastest of 3); the fit: "
-                f"{1e3 * fitted:.0f} ms.",
-            ]
-        for row in result["rows"]:
-            if "communication_s" not in row["2"]:
-                continue
-            n = result["gradient_bytes"]
-            sizes = result["sweeps"][f"{row['flags']['distribution']} 2"]
-            one_tensor = sizes[str(n)]
-            each = ", ".join(
-                f"{1e3 * t:.0f}" for t in row["2"]["communication_s"]
-            )
-            lines += [
-                "",
-                f"{row['name']}: its step's all-reduces alone in the 2-node "
-                f"jobs (the gradients as a list of {result['tensors']} "
-                f"tensors, then the metrics): {each} ms (each round's "
-                f"fastest of 3); the sweep's one tensor of "
-                f"{n / 1e6:.2f} MB: {1e3 * one_tensor:.0f} ms; the 2-node "
-                "step less the 1-node step, each round: "
-                + ", ".join(
-                    f"{1e3 * (t - o):.0f}"
-                    for o, t in zip(
-                        row["1"]["rounds"], row["2"]["rounds"], strict=True
-                    )
-                )
-                + " ms.",
-            ]
-            if "compute_s" in row["2"]:
-                rounds = zip(row["2"]["compute_s"], row["2"]["communication_s"],
-                             row["2"]["rounds"], strict=True)  # fmt: skip
-                lines[-1] += (
-                    " Its step without the all-reduces, timed in the 2-node "
-                    "jobs with both nodes computing, plus the all-reduces "
-                    "alone, against the 2-node step, each round: "
-                    + "; ".join(
-                        f"{1e3 * c:.0f} + {1e3 * a:.0f} = {1e3 * (c + a):.0f}"
-                        f" against {1e3 * t:.0f} ms"
-                        for c, a, t in rounds
-                    )
-                    + "."
-                )
+        lines += report_calibration(result, fits)
+        lines += report_efficiency(result)
+        lines += report_predictions(result, predictions)
+        lines += report_stragglers(result)
+        lines += report_cpu(result)
+        lines += report_ps_network(result)
+        lines += report_ps_cpu(result, results.get("cores", 2))
+        lines += report_averaging(result, fits)
+        lines += report_communication(result)
         lines.append("")
     return "\n".join(lines)
+
+
+def report_calibration(result, fits):
+    """The link, the all-reduce sweeps and the ring fits."""
+    link = result["link_mbit"] * 1e6 / 8
+    lines = [
+        f"### {result['model']}, batch {result['batch_per_process']} per "
+        f"process, {result['network']} seen from a GPU",
+        "",
+        f"CPU step {1e3 * result['cpu_step_s']:.0f} ms, GPU step "
+        f"{scaling.GPU_STEPS[result['model']].ms:.2f} ms: s = "
+        f"{result['slowdown']:.1f}; link {result['link_mbit']:.1f} Mbit/s, "
+        f"iperf3 goodput {result['iperf3_mbit']:.1f} Mbit/s "
+        f"({100 * result['iperf3_mbit'] / result['link_mbit']:.1f}%); "
+        f"gradients {result['gradient_bytes'] / 1e6:.2f} MB",
+        "",
+        "| all-reduce | size MB | measured ms | fit ms | error | CPU ms |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for key, sweep in result["sweeps"].items():
+        transport, processes = key.split()
+        cpu = result.get("sweep_cpu_s", {}).get(key, {})
+        for nbytes, seconds in sweep.items():
+            fitted = fits[transport](int(nbytes), int(processes))
+            lines.append(
+                f"| {transport}, {processes} processes | "
+                f"{int(nbytes) / 1e6:.3f} | {1e3 * seconds:.1f} | "
+                f"{1e3 * fitted:.1f} | "
+                f"{100 * (fitted / seconds - 1):+.0f}% | "
+                + (f"{1e3 * cpu[nbytes]:.1f} |" if nbytes in cpu else "- |")
+            )
+    lines += ["", "| transport | c ms | a ms | B MB/s | B / link | "
+              "CPU per call ms | CPU per MB ms |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    cpu_fits = cpu_fits_of(result)
+    for transport, fit in fits.items():
+        cpu = cpu_fits.get(transport)
+        lines.append(
+            f"| {transport} | {1e3 * fit.c:.2f} | {1e3 * fit.a:.3f} | "
+            f"{fit.bandwidth / 1e6:.1f} | {fit.bandwidth / link:.2f} | "
+            + (
+                f"{1e3 * cpu['per_call_s']:.2f} | "
+                f"{1e9 * cpu['per_byte_s']:.2f} |"
+                if cpu
+                else "- | - |"
+            )
+        )
+    return lines
+
+
+def report_efficiency(result):
+    """Each row's efficiency against the best single node of the run."""
+    rows = result["rows"]
+    best = scaling_score.best_single_node(rows, asynchronous)
+    lines = [
+        "",
+        "Efficiency: 2-node throughput over twice the best 1-node "
+        "throughput of the run, each round's (the fastest 1-node job per "
+        "micro-batch of any synchronous row, whatever its threads or "
+        "engine): "
+        + "; ".join(f"{1e3 * s:.0f} ms ({name})" for s, name in best)
+        + ". A row is its median over the rounds (min-max). "
+        "parameter_server: against its own 1-node job, in updates per "
+        "second (that job runs a ps and a coordinator beside its worker, "
+        "not one node alone). The last column, against the row's own "
+        "1-node step, is not what a user compares with.",
+        "",
+        "| row | inter-op threads | 1 node ms | 2 nodes ms, each round | "
+        "efficiency, each round | **efficiency** | against its own "
+        "1-node step |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        each = scaling_score.efficiency(row, best, asynchronous(row))
+        own = scaling_score.spread(scaling_score.own_efficiency(
+            row, asynchronous(row)
+        ))  # fmt: skip
+        middle, low, high = scaling_score.spread(each)
+        lines.append(
+            f"| {row['name']} | {row.get('inter_op_threads', '-')} | "
+            f"{1e3 * row['1']['step_s']:.0f} | "
+            + ", ".join(f"{1e3 * t:.0f}" for t in row["2"].get(
+                "rounds", [row["2"]["step_s"]]))
+            + f" | {', '.join(f'{100 * e:.0f}%' for e in each)} | "
+            f"**{100 * middle:.0f}%** ({100 * low:.0f}-{100 * high:.0f}%)"
+            + (" (own)" if asynchronous(row) else "")
+            + f" | {100 * own[0]:.0f}% ({100 * own[1]:.0f}-"
+            f"{100 * own[2]:.0f}%) |"
+        )  # fmt: skip
+    return lines
+
+
+def report_predictions(result, entries):
+    """The predictions written before the 2-node jobs, scored."""
+    mine = [e for e in entries or () if e["model"] == result["model"]]
+    if not mine:
+        return [
+            "",
+            "No predictions of this model's 2-node steps were written "
+            "before its 2-node jobs (a run saved before the bench wrote "
+            "them): none is scored.",
+        ]
+    predicted, steps, cpu = {}, {}, {}
+    for entry in sorted(mine, key=lambda e: e["round"]):
+        for p in entry["predictions"]:
+            predicted.setdefault(p["row"], []).append(p["efficiency"])
+            steps.setdefault(p["row"], []).append(p["two_nodes_s"])
+            cpu.setdefault(p["row"], []).append(p["communication_cpu_s"])
+    rows = result["rows"]
+    best = scaling_score.best_single_node(rows, asynchronous)
+    measured = {
+        row["name"]: scaling_score.efficiency(row, best, asynchronous(row))
+        for row in rows
+    }
+    points, within, scored = scaling_score.score(predicted, measured)
+    lines = [
+        "",
+        "Predictions, written before the 2-node jobs (each round's file "
+        "entry, hash checked), against the measurements; points: measured "
+        "less predicted efficiency, the target within "
+        f"±{scaling_score.TARGET_POINTS:g}.",
+        "",
+        "| row | predicted 2 nodes ms | measured ms | communication CPU "
+        "added ms | predicted efficiency | measured | points, each round "
+        "| points |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by_name = {row["name"]: row for row in rows}
+    for name, each in points.items():
+        lines.append(
+            f"| {name} | {_each(steps[name], 1e3, '.0f')} | "
+            f"{_each(scaling_score.rounds_of(by_name[name], '2'), 1e3, '.0f')}"
+            f" | {_each(cpu[name], 1e3, '.0f')} | "
+            f"{_each(predicted[name], 100, '.0f', '%')} | "
+            f"{_each(measured[name], 100, '.0f', '%')} | "
+            f"{_each(each, 1, '+.1f')} | "
+            f"{statistics.median(each):+.1f} |"
+        )
+    lines += [
+        "",
+        f"Within ±{scaling_score.TARGET_POINTS:g} points (a row by its "
+        f"median over rounds): {within} of {scored} rows. Written: "
+        + "; ".join(
+            f"round {e['round'] + 1} at {e['written']}, sha256 "
+            f"{e['sha256'][:16]}"
+            for e in mine
+        )
+        + ".",
+    ]
+    return lines
+
+
+def _each(values, scale, spec, unit=""):
+    """`values` scaled, formatted, each followed by `unit`, joined."""
+    return ", ".join(f"{scale * v:{spec}}{unit}" for v in values)
+
+
+def report_stragglers(result):
+    """Each round's 1-node step as the slower node's, and paired."""
+    lines = []
+    for row in result["rows"]:
+        if "paired_s" not in row["1"]:
+            continue
+        pairs = zip(row["1"]["paired_s"], row["1"]["slower_mean_s"],
+                    strict=True)  # fmt: skip
+        lines += [
+            "",
+            f"{row['name']}, stragglers: each round's 1-node step as "
+            "the slower node's mean, and as the mean of the slower of "
+            "every pair of the two nodes' steps (between all-reduces; "
+            "a synchronous step waits for the slower node): "
+            + "; ".join(
+                f"{1e3 * slower:.0f}, {1e3 * paired:.0f} ms"
+                for paired, slower in pairs
+            )
+            + ".",
+        ]
+    return lines
+
+
+def report_cpu(result):
+    """The chief's CPU time per step on 1 node and 2, measured after."""
+    lines = []
+    for row in result["rows"]:
+        if not row["2"].get("process_cpu_s"):
+            continue
+        pairs = list(zip(row["1"]["process_cpu_s"],
+                         row["2"]["process_cpu_s"], strict=True))  # fmt: skip
+        lines += [
+            "",
+            f"{row['name']}: the chief's CPU time per step, 1 node and "
+            "2 nodes, each round: "
+            + "; ".join(f"{1e3 * o:.0f}, {1e3 * t:.0f} ms" for o, t in pairs)
+            + "; the difference: "
+            + ", ".join(f"{1e3 * max(0.0, t - o):.0f}" for o, t in pairs)
+            + " ms (measured with the 2-node jobs, so not a prediction's "
+            "input: the predictions estimate it from the sweeps).",
+        ]
+        if asynchronous(row):
+            continue
+        # A node's one core cannot run a step in less than the
+        # process's CPU time per step: however well the all-reduce
+        # hides, the efficiency is at most the 1-node step over it.
+        ceilings = zip(row["1"]["rounds"], row["2"]["process_cpu_s"],
+                       strict=True)  # fmt: skip
+        lines[-1] += (
+            " The most a node of one core allows, each round's 1-node "
+            "step over its 2-node CPU time per step: "
+            + ", ".join(f"{100 * o / c:.0f}%" for o, c in ceilings)
+            + "."
+        )
+    return lines
+
+
+def report_ps_network(result):
+    """parameter_server's pull and push, from its unshaped jobs."""
+    lines = []
+    link = result["link_mbit"] * 1e6 / 8
+    for row in result["rows"]:
+        if "1 unshaped" not in row:
+            continue
+        pairs = zip(row["1"]["rounds"], row["1 unshaped"]["rounds"],
+                    strict=True)  # fmt: skip
+        network = [one - fast for one, fast in pairs]
+        lines += [
+            "",
+            f"{row['name']}: one worker's pull and push, its 1-node "
+            "step less the same job's on unshaped links, each round: "
+            + ", ".join(f"{1e3 * t:.0f}" for t in network)
+            + " ms; as a bandwidth ("
+            f"{2 * result['gradient_bytes'] / 1e6:.2f} MB over it), "
+            + ", ".join(
+                f"{2 * result['gradient_bytes'] / t / link:.2f}"
+                for t in network
+            )
+            + " of the link's rate.",
+        ]
+    return lines
+
+
+def report_ps_cpu(result, cores):
+    """parameter_server's CPU time per update, by process."""
+    lines = []
+    for row in result["rows"]:
+        # Runs saved before only parameter_server's jobs measured it
+        # have the CPU time of other chiefs alone.
+        if "ps" not in row["2"].get("cpu_s", [{}])[0]:
+            continue
+        lines += [
+            "",
+            f"{row['name']}: CPU time per update over the timed steps, "
+            "each round (the chief is the coordinator), against the "
+            f"step; all of it over the machine's {cores} cores is a "
+            "floor under the step:",
+            "",
+            "| nodes | round | ps ms | workers ms | coordinator ms | "
+            f"all ms | all over {cores} cores ms | step ms |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for nodes in ("1", "2", "1 unshaped", "2 unshaped"):
+            if nodes not in row:
+                continue
+            pairs = zip(row[nodes]["cpu_s"], row[nodes]["rounds"],
+                        strict=True)  # fmt: skip
+            for i, (cpu, step) in enumerate(pairs):
+                workers = sum(
+                    t for n, t in cpu.items() if n.startswith("worker")
+                )
+                every = sum(cpu.values())
+                lines.append(
+                    f"| {nodes} | {i + 1} | {1e3 * cpu['ps']:.0f} | "
+                    f"{1e3 * workers:.0f} | {1e3 * cpu['chief']:.0f} | "
+                    f"{1e3 * every:.0f} | {1e3 * every / cores:.0f} | "
+                    f"{1e3 * step:.0f} |"
+                )
+    return lines
+
+
+def report_averaging(result, fits):
+    """The averaging engine's own all-reduce, against the fit."""
+    lines = []
+    for row in result["rows"]:
+        if "average_s" not in row["2"]:
+            continue
+        nbytes = result.get("state_bytes", 2 * result["gradient_bytes"])
+        fitted = fits[transport_of(row["flags"])](nbytes, 2)
+        each = _each(row["2"]["average_s"], 1e3, ".0f")
+        lines += [
+            "",
+            f"{row['name']}: its all-reduce of {nbytes / 1e6:.1f} MB "
+            f"(weights, statistics, slots) alone in the 2-node jobs: "
+            f"{each} ms (each round's fastest of 3); the fit: "
+            f"{1e3 * fitted:.0f} ms.",
+        ]
+    return lines
+
+
+def report_communication(result):
+    """A step's all-reduces alone, and its computation alone."""
+    lines = []
+    for row in result["rows"]:
+        if "communication_s" not in row["2"]:
+            continue
+        n = result["gradient_bytes"]
+        sizes = result["sweeps"][f"{row['flags']['distribution']} 2"]
+        each = _each(row["2"]["communication_s"], 1e3, ".0f")
+        lines += [
+            "",
+            f"{row['name']}: its step's all-reduces alone in the 2-node "
+            f"jobs (the gradients as a list of {result['tensors']} "
+            f"tensors, then the metrics): {each} ms (each round's "
+            f"fastest of 3); the sweep's one tensor of "
+            f"{n / 1e6:.2f} MB: {1e3 * sizes[str(n)]:.0f} ms; the 2-node "
+            "step less the 1-node step, each round: "
+            + ", ".join(
+                f"{1e3 * (t - o):.0f}"
+                for o, t in zip(
+                    row["1"]["rounds"], row["2"]["rounds"], strict=True
+                )
+            )
+            + " ms.",
+        ]
+        if "compute_s" in row["2"]:
+            rounds = zip(row["2"]["compute_s"], row["2"]["communication_s"],
+                         row["2"]["rounds"], strict=True)  # fmt: skip
+            lines[-1] += (
+                " Its step without the all-reduces, timed in the 2-node "
+                "jobs with both nodes computing, plus the all-reduces "
+                "alone, against the 2-node step, each round: "
+                + "; ".join(
+                    f"{1e3 * c:.0f} + {1e3 * a:.0f} = {1e3 * (c + a):.0f}"
+                    f" against {1e3 * t:.0f} ms"
+                    for c, a, t in rounds
+                )
+                + "."
+            )
+    return lines
+
+
+def load_report(path):
+    """A saved run and its predictions file, the hashes checked."""
+    with open(path) as stream:
+        results = json.load(stream)
+    logged = [
+        h for m in results["models"] for h in m.get("prediction_sha256", [])
+    ]
+    if not logged:
+        return results, None
+    predictions = scaling_score.predictions_path(path)
+    try:
+        return results, scaling_score.read_predictions(predictions, logged)
+    except FileNotFoundError:
+        sys.exit(
+            f"network_scaling: {path} logged predictions, but their file "
+            f"{predictions} is missing (keep it beside the --out file)"
+        )
+    except (KeyError, json.JSONDecodeError) as error:
+        sys.exit(f"network_scaling: {predictions}: not a predictions file "
+                 f"({error!r})")  # fmt: skip
+    except ValueError as error:  # It names the file.
+        sys.exit(f"network_scaling: {error}")
 
 
 def main():
@@ -1380,8 +1701,7 @@ def main():
     parser.add_argument("--report", help="print the tables of this --out file")
     args = parser.parse_args()
     if args.report:
-        with open(args.report) as stream:
-            print(report(json.load(stream)))
+        print(report(*load_report(args.report)))
         return
     args.batch = {
         k: int(v) for k, v in (p.split("=") for p in args.batch.split(","))
@@ -1400,15 +1720,16 @@ def main():
 
     results = {"cpu": common.cpu_model(), "date": time.strftime("%Y-%m-%d"),
                "cores": len(os.sched_getaffinity(0)), "models": []}  # fmt: skip
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    predictions = PredictionsFile(scaling_score.predictions_path(args.out), log)
     with emulated_cluster.EmulatedCluster(5) as cluster:
         for model in args.models.split(","):
             results["models"].append(
-                measure_model(cluster, model, args, network, log)
+                measure_model(cluster, model, args, network, log, predictions)
             )
-            os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
             with open(args.out, "w") as stream:
                 json.dump(results, stream, indent=1)
-    print(report(results))
+    print(report(*load_report(args.out)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""The scaling bench's arithmetic: efficiency, predictions file, score.
+
+Pure functions of `bench/scaling_score.py` and the report of
+`bench/network_scaling.py` on a saved run made up here; the bench itself
+(root, network namespaces, minutes of jobs) is not run.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench")
+sys.path.insert(0, BENCH)
+
+import network_scaling  # noqa: E402
+import scaling_score  # noqa: E402
+
+
+def _row(name, ones, twos, threads=2, **flags):
+    return {
+        "name": name,
+        "flags": {"distribution": "horovod", **flags},
+        "script": "",
+        "inter_op_threads": threads,
+        "1": {"step_s": sorted(ones)[len(ones) // 2], "rounds": ones},
+        "2": {"step_s": sorted(twos)[len(twos) // 2], "rounds": twos},
+    }
+
+
+def _asynchronous(row):
+    return row["flags"]["distribution"] == "parameter_server"
+
+
+def test_the_best_single_node_is_each_rounds_fastest_per_micro_batch():
+    rows = [
+        _row("two threads", [0.420, 0.410], [0.53, 0.54]),
+        _row("one thread", [0.360, 0.400], [0.70, 0.72], threads=1),
+        # Four micro-batches an update: 0.1 s each, the fastest per example.
+        _row("accumulate 4", [0.400, 1.8], [0.45, 1.9], accumulate_steps=4),
+        # Left out: not one node alone, whatever its step.
+        _row("ps", [0.010, 0.010], [0.2, 0.2], distribution="parameter_server"),
+    ]
+    best = scaling_score.best_single_node(rows, _asynchronous)
+    assert best == [(0.1, "accumulate 4"), (0.400, "one thread")]
+
+
+def test_efficiency_is_against_the_best_single_node_not_the_rows_own():
+    fast = _row("one thread", [0.380], [0.70], threads=1)
+    slow = _row("two threads", [0.422], [0.534])
+    best = scaling_score.best_single_node([fast, slow], _asynchronous)
+    assert scaling_score.efficiency(slow, best, False) == pytest.approx(
+        [0.380 / 0.534]
+    )
+    # Its own 1-node step, slower, flatters it.
+    assert scaling_score.own_efficiency(slow, False) == pytest.approx(
+        [0.422 / 0.534]
+    )
+    # Accumulation: 4 micro-batches of two processes per 2-node update.
+    acc = _row("acc", [1.6], [1.0], accumulate_steps=4)
+    assert scaling_score.efficiency(acc, best, False) == pytest.approx(
+        [4 * 0.380 / 1.0]
+    )
+
+
+def test_an_asynchronous_row_keeps_its_own_definition():
+    ps = _row("ps", [0.5, 0.6], [0.4, 0.5], distribution="parameter_server")
+    best = [(0.1, "x"), (0.1, "x")]
+    expected = [0.5 / (2 * 0.4), 0.6 / (2 * 0.5)]
+    assert scaling_score.efficiency(ps, best, True) == pytest.approx(expected)
+    assert scaling_score.spread([0.7, 0.5, 0.6]) == (0.6, 0.5, 0.7)
+
+
+def test_the_cpu_fit_recovers_its_per_call_and_per_byte_costs():
+    samples = [(n, 0.002 + n * 3e-9) for n in (4096, 65536, 1e6, 4e6, 8e6)]
+    fit = scaling_score.fit_cpu(samples)
+    assert fit["per_call_s"] == pytest.approx(0.002, rel=1e-6)
+    assert fit["per_byte_s"] == pytest.approx(3e-9, rel=1e-6)
+    assert scaling_score.communication_cpu(fit, 1e6, 3) == pytest.approx(
+        3 * 0.002 + 1e6 * 3e-9
+    )
+
+
+def _entry(round_, efficiency=0.7):
+    return scaling_score.prediction_entry(
+        "resnet20",
+        round_,
+        {"link_mbit": 1000.0},
+        [{"row": "horovod", "two_nodes_s": 0.5, "efficiency": efficiency,
+          "communication_cpu_s": 0.01, "one_node_s": 0.4,
+          "against": "best single node"}],
+    )  # fmt: skip
+
+
+def test_a_predictions_file_reads_back_only_as_written(tmp_path):
+    path = str(tmp_path / "run.predictions.json")
+    assert path == scaling_score.predictions_path(str(tmp_path / "run.json"))
+    entries = [_entry(0), _entry(1, 0.8)]
+    scaling_score.write_predictions(path, entries)
+    logged = [e["sha256"] for e in entries]
+    assert scaling_score.read_predictions(path, logged) == entries
+    # A prediction changed after it was written: its hash no longer holds.
+    with open(path) as stream:
+        saved = json.load(stream)
+    saved["rounds"][1]["predictions"][0]["efficiency"] = 0.75
+    with open(path, "w") as stream:
+        json.dump(saved, stream)
+    with pytest.raises(ValueError, match=r"round 2: its content does not"):
+        scaling_score.read_predictions(path, logged)
+    # Rehashed too: not a hash the run logged before its 2-node jobs.
+    saved["rounds"][1] = _entry(1, 0.75)
+    with open(path, "w") as stream:
+        json.dump(saved, stream)
+    with pytest.raises(ValueError, match="not one the run logged"):
+        scaling_score.read_predictions(path, logged)
+
+
+def test_the_score_counts_rows_within_five_points_by_their_median():
+    predicted = {"a": [0.70, 0.70, 0.70], "b": [0.60, 0.60], "c": [0.5]}
+    measured = {"a": [0.72, 0.60, 0.74], "b": [0.70, 0.68], "c": [0.5]}
+    points, within, scored = scaling_score.score(predicted, measured)
+    assert points["a"] == pytest.approx([2.0, -10.0, 4.0])
+    assert points["b"] == pytest.approx([10.0, 8.0])
+    assert (within, scored) == (2, 3)
+
+
+def _saved_run(tmp_path):
+    """A saved run of one row and its predictions file, as the bench writes."""
+    n = 1_000_000
+    sizes = [4096, 65536, n // 4, n]
+    row = _row("horovod", [0.40, 0.42], [0.50, 0.60])
+    entries = [_entry(0, 0.78), _entry(1, 0.70)]
+    result = {
+        "model": "resnet20",
+        "batch_per_process": 128,
+        "network": "10gbe",
+        "cpu_step_s": 0.4,
+        "slowdown": 40.0,
+        "link_mbit": 250.0,
+        "iperf3_mbit": 240.0,
+        "gradient_bytes": n,
+        "tensors": 65,
+        "sweeps": {
+            f"horovod {p}": {str(s): 0.001 + s / 3e7 for s in sizes}
+            for p in (2, 4)
+        },
+        "sweep_cpu_s": {
+            f"horovod {p}": {str(s): 0.0005 + s / 1e9 for s in sizes}
+            for p in (2, 4)
+        },
+        "rows": [row],
+        "prediction_sha256": [e["sha256"] for e in entries],
+    }
+    results = {"cpu": "a CPU", "date": "2026-11-28", "models": [result]}
+    out = tmp_path / "run.json"
+    out.write_text(json.dumps(results))
+    scaling_score.write_predictions(
+        scaling_score.predictions_path(str(out)), entries
+    )
+    return str(out)
+
+
+def test_the_report_scores_the_saved_predictions_against_the_best_node(
+    tmp_path,
+):
+    out = _saved_run(tmp_path)
+    text = network_scaling.report(*network_scaling.load_report(out))
+    # One row, so its own 1-node step is the best: 0.40/0.50, 0.42/0.60.
+    assert "| horovod | 2 | 420 | 500, 600 | 80%, 70% | **75%** (70-80%)" in (
+        text
+    )
+    # Predicted 78% and 70%, measured 80% and 70%: +2 and 0 points.
+    assert "| 78%, 70% | 80%, 70% | +2.0, +0.0 | +1.0 |" in text
+    assert "Within ±5 points (a row by its median over rounds): 1 of 1" in text
+
+
+def test_the_report_refuses_predictions_changed_after_the_run(tmp_path):
+    out = _saved_run(tmp_path)
+    path = scaling_score.predictions_path(out)
+    with open(path) as stream:
+        saved = json.load(stream)
+    saved["rounds"][0]["predictions"][0]["efficiency"] = 0.80
+    with open(path, "w") as stream:
+        json.dump(saved, stream)
+    with pytest.raises(SystemExit, match="run.predictions.json"):
+        network_scaling.load_report(out)
