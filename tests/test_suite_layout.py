@@ -46,14 +46,19 @@ def _imported_test_modules(path):
     return found
 
 
+def _offenders(pattern, at_least, find):
+    """`{path: sorted(find(path))}` of the files matching that find some.
+
+    `at_least`: how many files the pattern must match (it found them).
+    """
+    paths = sorted(glob.glob(os.path.join(ROOT, pattern)))
+    assert len(paths) > at_least, paths
+    found = {os.path.relpath(path, ROOT): sorted(find(path)) for path in paths}
+    return {path: names for path, names in found.items() if names}
+
+
 def test_no_test_module_imports_another_test_module():
-    paths = sorted(glob.glob(os.path.join(ROOT, "tests", "test_*.py")))
-    assert len(paths) > 40, paths  # The glob found the suite.
-    offenders = {
-        os.path.relpath(path, ROOT): sorted(_imported_test_modules(path))
-        for path in paths
-    }
-    offenders = {path: names for path, names in offenders.items() if names}
+    offenders = _offenders("tests/test_*.py", 40, _imported_test_modules)
     assert not offenders, (
         "test modules that import other test modules (move what they share "
         f"to tests/helpers.py or a helper module): {offenders}"
@@ -97,17 +102,12 @@ def _uses_of_tests(path):
         and id(node) not in docstrings
         and (node.value == "tests" or "tests/" in node.value)
     }
-    return sorted(imports | paths)
+    return imports | paths
 
 
 def test_the_benchmarks_stand_without_the_tests():
     """bench/ neither imports tests/ nor runs a file of it: the tests may."""
-    paths = sorted(glob.glob(os.path.join(ROOT, "bench", "*.py")))
-    assert len(paths) > 10, paths
-    offenders = {
-        os.path.relpath(path, ROOT): _uses_of_tests(path) for path in paths
-    }
-    offenders = {path: uses for path, uses in offenders.items() if uses}
+    offenders = _offenders("bench/*.py", 10, _uses_of_tests)
     assert not offenders, (
         "benchmarks that use tests/ (move what they need to bench/, or to "
         f"tf_resnet/ where it is the product's): {offenders}"
@@ -126,10 +126,10 @@ def test_the_bench_check_sees_imports_and_paths(tmp_path):
         "WORKER = os.path.join(ROOT, 'tests', 'worker.py')\n"
         "OTHER = f'{ROOT}/tests/other.py'\n"
     )
-    assert _uses_of_tests(str(path)) == [
+    assert _uses_of_tests(str(path)) == {
         "/tests/other.py",
         "tests",
         "tests.helpers",
         "tests.helpers.load_data_script",
         "tests.hvd_worker",
-    ]
+    }
