@@ -125,7 +125,7 @@ def _read_flags(main_flags):
     for field in settings.fields():
         if field.name in READ_FLAGS:
             resnet_flags.define(field, values)
-    values(["--main", *main_flags], known_only=True)
+    values(["main", *main_flags], known_only=True)
     return values
 
 
