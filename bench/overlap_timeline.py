@@ -1,6 +1,6 @@
 """Where a synchronous step's time goes on an emulated link: a profile.
 
-`tests/profile_step.py` runs profiled training steps of two processes of
+`profile_step.py` runs profiled training steps of two processes of
 `multi_worker` or `horovod`, each on its own emulated node (one core, a
 link shaped to `--rate_mbit`), started as `network_scaling.py` starts its
 jobs, and this prints, for each job, the medians over its profiled steps of: the
@@ -38,7 +38,7 @@ import common
 import emulated_cluster
 import network_scaling
 
-PROFILE_STEP = os.path.join(common.ROOT, "tests", "profile_step.py")
+PROFILE_STEP = os.path.join(common.ROOT, "bench", "profile_step.py")
 ALL_REDUCE = "CollectiveReduceV2"
 # A job whose process TensorFlow's profiler crashed is started again
 # (tests/test_overlap.py says when it does).
@@ -46,7 +46,7 @@ JOBS = 3
 
 
 class ProfiledJob(network_scaling.Job):
-    """`tests/profile_step.py` on two nodes, started as the bench's jobs."""
+    """`profile_step.py` on two nodes, started as the bench's jobs."""
 
     def __init__(self, cluster, engine, out, words):
         super().__init__(cluster, {"flags": {"distribution": engine}}, 2)

@@ -27,10 +27,12 @@ WORKER = "STOP_CHECK_WORKER"
 
 
 def worker():
-    """`tests/hvd_worker.py`, the stop check on and off in blocks."""
+    """`resnet_main.py` on resnet8, the stop check on and off in blocks."""
     sys.path.insert(0, ROOT)
     import resnet_main
-    from tests import hvd_worker  # Registers resnet8.
+    from tf_resnet import models
+
+    models.register_resnet8()
 
     times = {True: [], False: []}
     make_distributor = resnet_main.make_distributor
@@ -66,7 +68,7 @@ def worker():
 
     resnet_main.make_distributor = alternating_make_distributor
     atexit.register(report)
-    hvd_worker.main()
+    resnet_main.main()
 
 
 def measure(engine, steps, data):
@@ -76,7 +78,7 @@ def measure(engine, steps, data):
         command = [
             sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",
             f"--main={os.path.abspath(__file__)}", "--",
-            f"--distribution={engine}", f"--dump_dir={scratch}",
+            f"--distribution={engine}",
             "--dataset=cifar10", f"--train_data_path={data}/data_batch_*",
             f"--eval_data_path={data}/test_batch.bin",
             f"--log_root={scratch}/log", "--model=resnet8",
@@ -99,13 +101,20 @@ def main():
     parser.add_argument("--steps", type=int, default=260)
     parser.add_argument("--engines", default="multi_worker,horovod")
     args = parser.parse_args()
-    sys.path.insert(0, ROOT)
-    from tests.helpers import load_data_script
-
     with tempfile.TemporaryDirectory() as folder:
-        data = load_data_script("make_synthetic_cifar").write_dataset(
-            folder, train_per_batch=200, test_count=200, seed=1
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(ROOT, "data", "make_synthetic_cifar.py"),
+                f"--output_dir={folder}",
+                "--train_per_batch=200",
+                "--test_count=200",
+                "--seed=1",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
+        data = os.path.join(folder, "cifar-10-batches-bin")
         print(f"load {os.getloadavg()[0]:.2f} at start")
         print("| engine | process | step with check ms | without | ratio |")
         print("| --- | --- | --- | --- | --- |")

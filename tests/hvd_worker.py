@@ -6,10 +6,11 @@
       --main=tests/hvd_worker.py -- --dump_dir=DIR ...
 
 * Registers two small models the tests need: `resnet8` (the smallest CIFAR
-  ResNet, with BatchNorm) and `pointwise_cnn`, a 1x1-conv network without
-  BatchNorm whose output depends only on the multiset of pixel values. On
-  images whose content stays clear of the 4-pixel crop margin it is
-  invariant to the random crop and flip, so runs whose ranks augment
+  ResNet, with BatchNorm: `models.register_resnet8`, which
+  `bench/stop_check.py` calls too) and `pointwise_cnn`, a 1x1-conv network
+  without BatchNorm whose output depends only on the multiset of pixel
+  values. On images whose content stays clear of the 4-pixel crop margin
+  it is invariant to the random crop and flip, so runs whose ranks augment
   differently still compute the same gradients.
 * Observes the run without changing it, writing into `--dump_dir`:
   `pid_rank<r>.txt` and `first_rank<r>.npz` (weights) after the first step,
@@ -21,7 +22,6 @@
   `writes_rank<r>.txt`.
 """
 
-import functools
 import json
 import os
 import sys
@@ -36,7 +36,6 @@ from absl import app, flags  # noqa: E402
 
 import resnet_main  # noqa: E402
 from tf_resnet import models, summaries  # noqa: E402
-from tf_resnet.models import cifar_resnet  # noqa: E402
 
 flags.DEFINE_string("dump_dir", "", "Where each rank writes what it observed.")
 FLAGS = flags.FLAGS
@@ -51,9 +50,7 @@ def pointwise_cnn(num_classes, input_shape=(32, 32, 3), **options):
     return keras.Model(inputs, outputs, name="pointwise_cnn")
 
 
-models.MODELS["resnet8"] = functools.partial(
-    cifar_resnet.cifar_resnet, 8, version=1
-)
+models.register_resnet8()
 models.MODELS["pointwise_cnn"] = pointwise_cnn
 
 

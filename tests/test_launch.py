@@ -1,4 +1,5 @@
-"""`tf_resnet.launch`: standard library only, and the shared process core.
+"""`tf_resnet.launch`: no TensorFlow, the shared process core, and the
+flags for `--main` each launcher reads or adds.
 
 The `run_peers` tests run it in a launcher process of its own (it installs
 signal handlers) over small Python peers that report their pid and what
@@ -14,8 +15,11 @@ import sys
 import time
 
 import pytest
+from absl import flags
 
 from tests.helpers import ROOT
+from tf_resnet.config import flags as resnet_flags
+from tf_resnet.launch import cli, horovod, ps, ray, tf_config_cluster
 
 
 def _fresh_python(code):
@@ -30,7 +34,7 @@ def _fresh_python(code):
     return json.loads(result.stdout)
 
 
-def test_launchers_import_only_the_standard_library_and_start_no_thread():
+def test_launchers_import_no_tensorflow_and_start_no_thread():
     report = """
 import json, os, sys
 before = set(sys.modules)
@@ -42,9 +46,10 @@ print(json.dumps({
     "threads": len(os.listdir("/proc/self/task")),
 }))
 """
-    # One thread: the kernel refuses a user namespace to more.
+    # One thread: the kernel refuses a user namespace to more. absl: the
+    # flags for --main are read as the script reads them.
     assert _fresh_python(report) == {
-        "outside_stdlib": ["tf_resnet"],
+        "outside_stdlib": ["absl", "tf_resnet"],
         "threads": 1,
     }
     # The check sees TensorFlow where it is imported.
@@ -52,7 +57,7 @@ print(json.dumps({
         report.replace(
             "tf_resnet.launch.ps", "tf_resnet.distribute.tf_strategy"
         )
-    )["outside_stdlib"] != ["tf_resnet"]
+    )["outside_stdlib"] != ["absl", "tf_resnet"]
 
 
 UNPRIVILEGED = """
@@ -218,3 +223,115 @@ def test_peers_die_with_a_killed_launcher(tmp_path):
     peers.process.kill()
     peers.wait()
     assert_gone(pids)
+
+
+# The flags for --main in each spelling absl takes; "flagfile": a
+# --flagfile holding them (`given` writes it).
+SPELLINGS = {
+    "equals": lambda name, value: [f"--{name}={value}"],
+    "one dash": lambda name, value: [f"-{name}={value}"],
+    "apart": lambda name, value: [f"--{name}", value],
+    "flagfile": None,
+}
+
+
+def given(spelling, tmp_path, distribution, log_root="/runs/a"):
+    """`--distribution` and `--log_root` in `spelling`, a model after them."""
+    values = {"distribution": distribution, "log_root": log_root}
+    if spelling == "flagfile":
+        path = tmp_path / "run.flags"
+        path.write_text("".join(f"--{n}={v}\n" for n, v in values.items()))
+        found = [f"--flagfile={path}"]
+    else:
+        spell = SPELLINGS[spelling]
+        found = [part for n, v in values.items() for part in spell(n, v)]
+    return [*found, "--model=resnet32"]
+
+
+def trainer_reads(command):
+    """`(--distribution, --log_root)` as resnet_main parses `command`."""
+    values = flags.FlagValues()
+    resnet_flags.define_all(values)
+    main = command.index(os.path.join(ROOT, "resnet_main.py"))
+    resnet_flags.parse(command[main:], flag_values=values)
+    return values.distribution, values.log_root
+
+
+def worker_commands(launcher, main_flags):
+    """The command lines a launcher runs `--main` with, one per worker."""
+    if launcher == "tf_config_cluster":
+        args = tf_config_cluster.parse_args(["--np=2", "--", *main_flags])
+        found = tf_config_cluster.worker_commands(
+            args.main, args.main_flags, args.np
+        )
+        return [command for command, _ in found.values()]
+    if launcher == "ray":
+        args = ray.parse_args(["--num_workers=2", "--", *main_flags])
+        return [ray.worker_command(args.main, args.main_flags)]
+    args = horovod.parse_args(["--np=2", "--", *main_flags])
+    command = [sys.executable, args.main, *args.main_flags]
+    return [horovod.horovodrun_command(args.np, command)]
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize("launcher", ["tf_config_cluster", "ray", "horovod"])
+def test_the_engine_given_reaches_every_worker(launcher, spelling, tmp_path):
+    commands = worker_commands(launcher, given(spelling, tmp_path, "averaging"))
+    assert [trainer_reads(c) for c in commands] == [
+        ("averaging", "/runs/a")
+    ] * len(commands)
+
+
+@pytest.mark.parametrize("launcher", ["tf_config_cluster", "ray"])
+def test_workers_are_told_their_engine_where_the_flags_leave_it(
+    launcher, tmp_path
+):
+    for main_flags in ([], given("one dash", tmp_path, "auto")):
+        commands = worker_commands(launcher, main_flags)
+        assert {trainer_reads(c)[0] for c in commands} == {"multi_worker"}
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_the_launchers_read_the_log_root_given(spelling, tmp_path):
+    main_flags = given(spelling, tmp_path, "multi_worker")
+    advice = tf_config_cluster.resume_advice(main_flags)
+    assert "checkpoint in --log_root=/runs/a (or" in advice(137)
+    # Where Ray's launcher keeps its run files, and its messages.
+    args = ray.parse_args(["--num_workers=2", "--", *main_flags])
+    assert cli.given_flag(args.main_flags, "log_root") == "/runs/a"
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_the_ps_cluster_refuses_another_engine_in_any_spelling(
+    spelling, tmp_path, capsys
+):
+    main_flags = given(spelling, tmp_path, "parameter_server")
+    assert ps.parse_args(["--", *main_flags]).main_flags == main_flags
+    with pytest.raises(SystemExit) as exit_:
+        ps.parse_args(["--", *given(spelling, tmp_path, "averaging")])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "launch.ps: error: --distribution=averaging: this cluster runs "
+        "parameter_server (see --help)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "main_flags, message",
+    [
+        (["--flagfile=/no/such.flags"], "/no/such.flags"),
+        (["-distribution=bogus"], "flag --distribution=bogus: value should"),
+        (["--log_root"], "Missing value for flag --log_root"),
+    ],
+)
+@pytest.mark.parametrize("launcher", [tf_config_cluster, ray, ps, horovod])
+def test_unreadable_flags_for_main_are_one_line(
+    launcher, main_flags, message, capsys
+):
+    own = {ps: [], ray: ["--num_workers=2"]}.get(launcher, ["--np=2"])
+    with pytest.raises(SystemExit) as exit_:
+        launcher.parse_args([*own, "--", *main_flags])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "error: in the flags after --: " in lines[0]

@@ -489,16 +489,6 @@ def test_launcher_gives_each_worker_its_tf_config():
         launcher.parse_args(["--np=0", "--"])
 
 
-@pytest.mark.parametrize(
-    "given",
-    [["--distribution=averaging"], ["--distribution", "averaging"]],
-)
-def test_launcher_keeps_averaging_in_either_spelling(given):
-    commands = launcher.worker_commands("main.py", given, 2)
-    command, _ = next(iter(commands.values()))
-    assert command[-len(given) :] == given
-
-
 def test_launcher_refuses_a_mode_its_workers_cannot_run(capsys):
     with pytest.raises(SystemExit):
         launcher.parse_args(["--np=2", "--", "--distribution", "horovod"])

@@ -1,6 +1,6 @@
 """The gradient all-reduce overlapped with the backward pass, from profiles.
 
-`tests/profile_step.py` runs one step of two processes under TensorFlow's
+`bench/profile_step.py` runs one step of two processes under TensorFlow's
 profiler, started by each engine's launcher (loopback namespaces), and
 the chief's op events are read back. An optimizer update of a variable
 runs once its all-reduced gradient exists, so an update that starts
@@ -27,7 +27,7 @@ from tf_resnet.config import engines
 from tf_resnet.config.settings import DistributionConfig, RuntimeConfig
 from tf_resnet.distribute import buckets
 
-PROFILE_STEP = f"{ROOT}/tests/profile_step.py"
+PROFILE_STEP = f"{ROOT}/bench/profile_step.py"
 # How the launcher names a process TensorFlow itself brought down.
 # TensorFlow's profiler crashes a profiled multi_worker process now and
 # then as it collects the trace (`tf.profiler.experimental.stop`: SIGSEGV

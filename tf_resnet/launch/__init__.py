@@ -22,8 +22,10 @@ signals).
 Which engines a launcher starts is its engines' `launcher` field
 (`tf_resnet.config.engines`).
 
-The package imports only the standard library and `tf_resnet.config.engines`
-(itself free of TensorFlow), and must stay so (a test checks):
+The package imports only the standard library, absl's flags and
+`tf_resnet.config` (the engines, and the flag definitions of
+`resnet_main.py`, read as it reads them: `cli.given_flag`), all free of
+TensorFlow and of threads, and must stay so (a test checks):
 `unshare(CLONE_NEWUSER)`, which gives a user without root its namespace,
 fails in a process with more than one thread, and TensorFlow starts
 threads as it is imported. `python -m tf_resnet.launch.<launcher>`

@@ -6,11 +6,19 @@ The launcher's own flags come before `--`, those of the training script
 (`--main`, by default this checkout's `resnet_main.py`) after it, so the
 two sets never clash (`--np` after `--` is the script's). Flag errors are
 one line, marked as the launcher's, exit code 2.
+
+A launcher that reads a flag of the script (`given_flag`) reads it as the
+script's absl does, so it reads what the script will run with.
 """
 
 import argparse
 import os
 import sys
+
+from absl import flags
+
+from tf_resnet.config import engines, settings
+from tf_resnet.config import flags as resnet_flags
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,18 +78,62 @@ class Parser(argparse.ArgumentParser):
         if not os.path.isfile(args.main):
             self.error(f"--main={args.main} is not a file")
         args.main_flags = main_flags or []
+        try:  # Once here, so that `given_flag` can raise no more.
+            _read_flags(args.main_flags)
+        except (flags.Error, ValueError) as error:
+            self.error(f"in the flags after --: {' '.join(str(error).split())}")
         return args
+
+    def check_engine(self, args, runs, what):
+        """Exits with an error if `--main`'s flags name an engine not in `runs`.
+
+        The launcher's processes can run no other, and the flag it adds
+        would silently override the one given (absl keeps the last).
+
+        Args:
+          args: the parsed flags (`parse_launcher_args`).
+          runs: the names of the engines the launcher's processes run.
+          what: the error's words before the engines, e.g. "these
+            workers run".
+        """
+        distribution = given_flag(args.main_flags, "distribution")
+        if distribution not in (None, engines.AUTO, *runs):
+            self.error(
+                f"--distribution={distribution}: {what} " + " or ".join(runs)
+            )
+
+
+# The flags of `--main` that a launcher reads.
+READ_FLAGS = ("distribution", "log_root")
+
+
+def _read_flags(main_flags):
+    """The `FlagValues` of `READ_FLAGS` after parsing `main_flags`.
+
+    The script's own definitions of them (`config.flags.define`), parsed
+    by absl known-only: every spelling absl takes counts (`--name=X`,
+    `-name=X`, `--name X`, a `--flagfile` that holds it), and the last one
+    given wins, as in the script. The script's other flags are left to it:
+    their values are its to check (a `--model` the script registers is
+    unknown here).
+
+    Raises:
+      flags.Error, ValueError: a bad value of a read flag, a flagfile that
+        cannot be read.
+    """
+    values = flags.FlagValues()
+    for field in settings.fields():
+        if field.name in READ_FLAGS:
+            resnet_flags.define(field, values)
+    values(["main", *main_flags], known_only=True)
+    return values
 
 
 def given_flag(main_flags, name):
-    """`--name` among the training script's flags (the last one), or None.
+    """The value of `--name` (one of `READ_FLAGS`) for `--main`, or None.
 
-    Both spellings absl accepts, `--name=X` and `--name X`.
+    None when the flags do not give it; read as the script reads it
+    (`_read_flags`), from flags that `Parser.parse_launcher_args` checked.
     """
-    value = None
-    for index, flag in enumerate(main_flags):
-        if flag.startswith(f"--{name}="):
-            value = flag.partition("=")[2]
-        elif flag == f"--{name}" and index + 1 < len(main_flags):
-            value = main_flags[index + 1]
-    return value
+    flag = _read_flags(main_flags)[name]
+    return flag.value if flag.present else None

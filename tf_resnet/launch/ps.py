@@ -8,8 +8,9 @@
 Everything after `--` is passed to every `resnet_main.py` process; the
 launcher adds the cluster flags (`--ps_hosts --worker_hosts --job_name
 --task_index`, ports picked free on 127.0.0.1) and
-`--distribution=parameter_server` for the coordinator. Each task is a
-separate process, as TensorFlow needs (in-process clusters hang).
+`--distribution=parameter_server` for the coordinator (another engine in
+the flags is refused, not overridden). Each task is a separate process, as
+TensorFlow needs (in-process clusters hang).
 
 Network isolation: TensorFlow's gRPC server listens on every interface
 (`0.0.0.0` is hard-coded in `grpc_server_lib.cc`) and runs whatever graph a
@@ -48,9 +49,12 @@ import subprocess
 import sys
 import time
 
+from tf_resnet.config import engines
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
+# The engines this cluster runs.
+CLUSTER_ENGINES = engines.launched_by("ps")
 log = cli.logger("launch.ps")
 
 
@@ -107,6 +111,7 @@ def parse_args(argv):
         parser.error("--num_ps and --num_workers must be at least 1")
     if args.max_restarts < 0:
         parser.error("--max_restarts must be at least 0")
+    parser.check_engine(args, CLUSTER_ENGINES, "this cluster runs")
     return args
 
 

@@ -38,8 +38,9 @@ Train 2.60's own `FailureConfig(max_failures)` retries every worker error
 alike, hence each attempt runs with `max_failures=0` and the launcher
 decides. The exit code is the failed worker's (0 when all finished).
 
-Like the other launchers, this module imports only the standard library
-until `main` runs; Ray is imported there.
+Like the other launchers, this module imports no TensorFlow (`launch`'s
+docstring says what it imports) and no Ray until `main` runs; Ray is
+imported there.
 """
 
 import contextlib
@@ -52,7 +53,6 @@ import threading
 import time
 
 from tf_resnet import native_log
-from tf_resnet.config import engines
 from tf_resnet.launch import cli, processes, tf_config_cluster
 
 log = cli.logger("launch.ray")
@@ -130,13 +130,11 @@ def parse_args(argv):
         parser.error("--gpus_per_worker must be >= 0, --cpus_per_worker > 0")
     if args.max_failures < 0:
         parser.error("--max_failures must be at least 0")
-    distribution = cli.given_flag(args.main_flags, "distribution")
-    workers_run = tf_config_cluster.WORKER_ENGINES
-    if distribution not in (None, engines.AUTO, *workers_run):
-        parser.error(
-            f"--distribution={distribution}: Ray's workers form a TF_CONFIG "
-            "cluster without ps and run " + " or ".join(workers_run)
-        )
+    parser.check_engine(
+        args,
+        tf_config_cluster.WORKER_ENGINES,
+        "Ray's workers form a TF_CONFIG cluster without ps and run",
+    )
     return args
 
 

@@ -87,12 +87,7 @@ def parse_args(argv):
     args = parser.parse_launcher_args(argv, dashes_required=True)
     if args.np < 1:
         parser.error("--np must be at least 1")
-    distribution = cli.given_flag(args.main_flags, "distribution")
-    if distribution not in (None, engines.AUTO, *WORKER_ENGINES):
-        parser.error(
-            f"--distribution={distribution}: these workers run "
-            + " or ".join(WORKER_ENGINES)
-        )
+    parser.check_engine(args, WORKER_ENGINES, "these workers run")
     return args
 
 

@@ -20,17 +20,39 @@ from tf_resnet.models import (  # noqa: F401  # Each registers its builder.
 from tf_resnet.models import pretrained as pretrained_weights
 from tf_resnet.models.resnet import BUILDERS, HEAD_LAYER
 
-__all__ = ["HEAD_LAYER", "MODELS", "ModelOptions", "build_model"]
+__all__ = [
+    "HEAD_LAYER",
+    "MODELS",
+    "ModelOptions",
+    "build_model",
+    "register_resnet8",
+]
 
 # The builders register themselves (`resnet.builds`); every family of the
 # table must have one.
 _missing = [f.label for f in families.FAMILIES if f not in BUILDERS]
 if _missing:
     raise ImportError(f"no builder for {', '.join(_missing)} (resnet.builds)")
-MODELS = {
-    name: functools.partial(BUILDERS[variant.family], **variant.arguments)
-    for name, variant in families.VARIANTS.items()
-}
+
+
+def _factory(variant):
+    """`(num_classes, input_shape, **options) -> keras.Model` of `variant`."""
+    return functools.partial(BUILDERS[variant.family], **variant.arguments)
+
+
+MODELS = {name: _factory(v) for name, v in families.VARIANTS.items()}
+
+
+def register_resnet8():
+    """Adds `resnet8`, the smallest CIFAR ResNet, to `MODELS`.
+
+    For runs that must take seconds: the multi-process tests' worker and
+    `bench/stop_check.py` train it. Not one of `--model`'s choices, which
+    are the models a user trains (`families.VARIANTS`): a script calls
+    this before it defines the flags, which then take `--model=resnet8`
+    (`families.registered_models`).
+    """
+    MODELS["resnet8"] = _factory(families.Variant(families.CIFAR, 8, version=1))
 
 
 def build_model(

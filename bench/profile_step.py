@@ -1,9 +1,9 @@
 """One profiled training step of a process of a multi-process engine.
 
-  python -m tf_resnet.launch.horovod --np=2 --main=tests/profile_step.py \
+  python -m tf_resnet.launch.horovod --np=2 --main=bench/profile_step.py \
       -- OUT distribution=horovod model=resnet20 ...
   python -m tf_resnet.launch.tf_config_cluster --np=2 \
-      --main=tests/profile_step.py -- OUT distribution=multi_worker ...
+      --main=bench/profile_step.py -- OUT distribution=multi_worker ...
 
 Each process builds the model, optimizer and mode as a run does
 (`builders`, `train_loop.make_replica_fn`, `Distributor.make_train_step`),
