@@ -175,8 +175,9 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradients):
     """The 2-node step of a run from its 1-node step and a fit.
 
     The same `Engine.traffic` that projects, on two nodes of one process
-    each whose links are the fit's (parameter_server: one ps task, on a
-    node of its own).
+    each whose links are the fit's, each call costing its constant
+    (parameter_server: one ps task, on a node of its own); Horovod fuses
+    what is ready by its cycles, as on a GPU cluster (`Transport`).
 
     Args:
       engine: the run's `engines.Engine`.
@@ -190,9 +191,15 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradients):
       Seconds per step (per update for parameter_server: two workers'
       updates interleave).
     """
-    link = traffic.Link(fit.bandwidth, fit.a)
+    link = traffic.Link(fit.bandwidth, max(0.0, fit.a))
     ps_tasks = 1 if engine.traffic is traffic.PUSH_PULL else None
-    cluster = traffic.Cluster(2, 1, link, link, ps_tasks=ps_tasks)
+    cluster = traffic.Cluster(
+        2, 1, link, link, ps_tasks=ps_tasks, call_seconds=max(0.0, fit.c)
+    )
+    if knobs.overlap and not knobs.cycle_ms:
+        knobs = dataclasses.replace(
+            knobs, cycle_ms=TRANSPORTS[engine.name].cycle_ms
+        )
     step = one_node + engine.traffic.exposed_seconds(
         gradients, one_node, cluster, knobs
     )
