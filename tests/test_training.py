@@ -94,7 +94,9 @@ def test_the_curve_has_training_beside_test_as_keras_history_has(trained):
     cfg, _ = trained
     with open(os.path.join(cfg.run.log_root, "eval.csv"), newline="") as stream:
         rows = list(csv.DictReader(stream))
-    assert list(rows[0])[-3:] == ["train_accuracy", "train_loss", "split"]
+    assert list(rows[0])[-4:] == [
+        "train_accuracy", "train_loss", "split", "examples"
+    ]  # fmt: skip
     assert {r["split"] for r in rows} == {"test"}
     for tag, column in (("loss", "train_loss"), ("accuracy", "train_accuracy")):
         lines = dict(scalars(cfg.run.train_dir, tag))

@@ -166,10 +166,14 @@ class Evaluator:
         self.writer = summaries.EvalWriter(run.eval_dir, distributor.is_chief)
         self.job = job
         split_name = datasets.DATASETS[config.data.dataset].eval_split
+        # The same model is four different course tasks: the title names
+        # the data and the engine too.
+        engine = "the eval job" if job else f"engine {distributor.name}"
+        title = f"{config.model.model} on {config.data.dataset}, {engine}"
         if job:
             self.history = summaries.EvalHistory(
                 run.eval_dir,
-                title=config.model.model,
+                title=title,
                 label="eval job",
                 compare={
                     "training": os.path.join(run.log_root, summaries.EVAL_CSV)
@@ -179,7 +183,7 @@ class Evaluator:
         else:
             self.history = summaries.EvalHistory(
                 run.log_root,
-                title=config.model.model,
+                title=title,
                 label="training",
                 split=split_name,
             )
@@ -221,6 +225,7 @@ class Evaluator:
                 result["loss"],
                 result["precision_at_5"],
                 train=train,
+                examples=result["examples"],
             )
             image = eval_report.write_report(
                 self.report_dir, step, confusion, self.class_names

@@ -37,7 +37,15 @@ CSV_FIELDS = (
     "train_accuracy",
     "train_loss",
     "split",
+    "examples",
 )
+# The loss panel's axis stops at this multiple of the largest training loss
+# (of the split's median loss where there is no training column): an early
+# evaluation's loss can be 10^4-10^8 while the model's batch-norm moving
+# statistics lag its weights (docs/recipes.md, "The first evaluations"),
+# and a linear axis up to there flattens every other point. The points
+# above it are drawn on its top edge, marked and labelled with their value.
+LOSS_AXIS_FACTOR = 3.0
 
 
 class ScalarWriter:
@@ -166,13 +174,22 @@ class EvalHistory:
         )
 
     def record(
-        self, step, epoch, precision, loss, precision_at_5=None, train=None
+        self,
+        step,
+        epoch,
+        precision,
+        loss,
+        precision_at_5=None,
+        train=None,
+        examples=None,
     ):
         """Adds (or replaces) the result at `step`; returns the best so far.
 
         `train`: `{"accuracy", "loss"}` over the training batches since the
         evaluation before, if known (not to an eval job without training's
         row of that step, nor after a resume for the batches before it).
+        `examples`: the images evaluated, fewer than the split's where
+        `--eval_batch_count` cut the evaluation short.
         """
         best = max(self.best_precision, precision)
         train = train or {}
@@ -186,6 +203,7 @@ class EvalHistory:
             "train_accuracy": _number(train.get("accuracy")),
             "train_loss": _number(train.get("loss")),
             "split": self.split,
+            "examples": "" if examples is None else str(int(examples)),
         }
         os.makedirs(self.directory, exist_ok=True)
         atomic_write(self.csv_path, self._write_csv)
@@ -244,8 +262,12 @@ class EvalHistory:
                 continue  # Being replaced, or not a curve: drawn next time.
         sources[self.label] = self.rows
         own = self.label
+        sources = {
+            label: [rows[step] for step in sorted(rows)]
+            for label, rows in sources.items()
+        }
+        top = loss_axis_top(sources.values())
         for label, rows in sources.items():
-            rows = [rows[step] for step in sorted(rows)]
             if not rows:
                 continue
             name = f"{label} " if len(sources) > 1 and label else ""
@@ -256,12 +278,14 @@ class EvalHistory:
                 "markersize": 6 if mine else 3,
                 "zorder": 3 if mine else 2,
             }
-            for axes, column, scale in (
-                (accuracy, "precision", 100),
-                (loss, "loss", 1),
+            for axes, column, scale, limit in (
+                (accuracy, "precision", 100, None),
+                (loss, "loss", 1, top),
             ):
+                epochs, values = _series(rows, column, scale)
                 line = axes.plot(
-                    *_series(rows, column, scale),
+                    epochs,
+                    _clipped(axes, epochs, values, limit),
                     label=f"{name}{split}",
                     **style,
                 )[0]
@@ -272,7 +296,7 @@ class EvalHistory:
                 if values and not mine:  # Copies of training's: drawn there.
                     axes.plot(
                         epochs,
-                        values,
+                        _clipped(axes, epochs, values, limit),
                         linestyle="--",
                         # A colour per source; alone, one per split.
                         color=line.get_color() if len(sources) > 1 else None,
@@ -281,6 +305,13 @@ class EvalHistory:
                     )
         accuracy.set_ylabel("accuracy (%)")
         loss.set_ylabel("loss (cross-entropy)")
+        if top is not None:
+            loss.set_ylim(0, top * 1.1)  # Room for the marks on the edge.
+            loss.set_title(
+                f"points above {top:.3g} drawn at the top (^), with their "
+                "value",
+                fontsize="small",
+            )
         for axes in (accuracy, loss):
             axes.set_xlabel("epoch")
             axes.grid(alpha=0.3)
@@ -289,6 +320,49 @@ class EvalHistory:
         figure.suptitle(self.title or "learning curve")
         figure.tight_layout()
         return figure
+
+
+def loss_axis_top(sources):
+    """The loss axis's top where some points would flatten the rest, or None.
+
+    `sources`: each source's rows. The top is `LOSS_AXIS_FACTOR` times the
+    largest training loss (the median split loss where no row has one);
+    None when every loss is below it (the axis then fits them all).
+    """
+    rows = [row for source in sources for row in source]
+    training = _series(rows, "train_loss", 1)[1]
+    split = sorted(_series(rows, "loss", 1)[1])
+    if not split:
+        return None
+    reference = max(training) if training else split[len(split) // 2]
+    top = LOSS_AXIS_FACTOR * reference
+    return top if max(split + training) > top else None
+
+
+def _clipped(axes, epochs, values, top):
+    """`values` with those above `top` left out, each marked and labelled.
+
+    Each is a mark on the axis's top edge with its value beside it, a
+    scatter and texts, not lines, so the panel's lines stay one per curve
+    (its legend's); the curve has a gap there, not a point at a false value.
+    """
+    if top is None:
+        return values
+    above = [(e, v) for e, v in zip(epochs, values, strict=True) if v > top]
+    if above:
+        axes.scatter(
+            [e for e, _ in above], [top] * len(above), marker="^", color="red"
+        )
+        for epoch, value in above:
+            axes.annotate(
+                f"{value:.3g}",
+                (epoch, top),
+                textcoords="offset points",
+                xytext=(4, -10),
+                fontsize="x-small",
+                color="red",
+            )
+    return [v if v <= top else float("nan") for v in values]
 
 
 def _number(value):
