@@ -33,6 +33,7 @@ from absl import app, logging  # noqa: E402
 
 from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
 from tf_resnet.checkpointing import first_line  # noqa: E402
+from tf_resnet.config import engines  # noqa: E402
 from tf_resnet.config import flags as resnet_flags  # noqa: E402
 from tf_resnet.distributors import make_distributor, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
@@ -65,6 +66,9 @@ def run(argv):
         dist = config.distribution
         if serve(dist):  # A task that only serves its cluster.
             return 0
+        alone = None
+        if config.run.mode == "train":  # An eval job is one process.
+            alone = engines.alone(started.engine, started.reason, dist)
         distributor = make_distributor(
             started.engine,
             config.optim.batch_size,
@@ -78,6 +82,8 @@ def run(argv):
             started.dtype_policy,
             config.runtime.dtype,
         )
+        if alone:
+            logging.warning(alone)
         try:
             if config.run.mode == "train":
                 result = train_loop.train(config, distributor)
@@ -88,6 +94,8 @@ def run(argv):
                             f"{k} {_number(v)}" for k, v in result.items()
                         ),
                     )
+                    if alone:  # Said again where the run's result is read.
+                        logging.warning(alone)
             else:
                 evaluation.evaluate_only(config, distributor)
         finally:

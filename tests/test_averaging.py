@@ -20,6 +20,7 @@ import pytest
 from tests import engine_runs
 from tests.engine_runs import Spec
 from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
+from tf_resnet import detect
 from tf_resnet.config import engines
 from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distributors import distributor_for
@@ -168,9 +169,10 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
         "-- --model=resnet20 --distribution=averaging '--log_root=/tmp/my run'"
     )
     launcher = "tf_resnet.launch.tf_config_cluster"
-    assert f"python -m {launcher} --np=4 {flags}" in message
+    python = detect.interpreter()  # The one running, not a bare `python`.
+    assert f"{python} -m {launcher} --np=4 {flags}" in message
     if HAS_HOROVOD:
-        assert f"python -m tf_resnet.launch.horovod --np=4 {flags}" in message
+        assert f"{python} -m tf_resnet.launch.horovod --np=4 {flags}" in message
     assert devices not in message
 
 
@@ -179,7 +181,7 @@ def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
         2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
     )
     assert command == (
-        "python -m tf_resnet.launch.tf_config_cluster --np=2 "
+        f"{detect.interpreter()} -m tf_resnet.launch.tf_config_cluster --np=2 "
         "--main=tests/hvd_worker.py -- --model=resnet8 "
         "--distribution=averaging"
     )

@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, on_newest_set, run_main
+from tests.data_files import cifar100_files
+from tests.helpers import ROOT, on_newest_set, requires_horovod, run_main
 
 
 def base_args(synthetic, log_root):
@@ -178,3 +179,48 @@ def test_setup_help_prints_its_usage_and_sets_nothing_up(tmp_path):
         assert "usage: " in getattr(proc, stream)
         assert "./setup.sh demo" in getattr(proc, stream)
         assert not os.path.exists(tmp_path / "cache")
+
+
+@pytest.fixture(scope="module")
+def cifar100(tmp_path_factory):
+    """The CIFAR-100 binary files the course presets read."""
+    return cifar100_files(tmp_path_factory.mktemp("cifar100"))
+
+
+def course_args(files, log_root, preset):
+    return [
+        f"--preset={preset}",
+        f"--train_data_path={files['TRAIN_DATA']}",
+        f"--eval_data_path={files['EVAL_DATA']}",
+        f"--log_root={log_root}",
+        "--train_steps=1",
+        "--batch_size=8",
+        "--eval_batch_count=1",
+    ]
+
+
+@requires_horovod
+def test_the_sync_preset_alone_says_so_at_its_start_and_end(cifar100, tmp_path):
+    proc = run_main(course_args(cifar100, tmp_path, "course_sync_cifar100"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    warnings = [i for i, x in enumerate(lines) if "] one process: " in x]
+    done = next(i for i, x in enumerate(lines) if "] done: " in x)
+    start = next(i for i, x in enumerate(lines) if "] training " in x)
+    assert len(warnings) == 2 and warnings[0] < start < done < warnings[1]
+    assert (
+        "-m tf_resnet.launch.horovod --np=2 -- --preset=course_sync"
+        in (lines[warnings[1]])
+    )
+
+
+def test_the_async_preset_alone_is_refused_with_its_launcher(
+    cifar100, tmp_path
+):
+    log_root = tmp_path / "run"
+    proc = run_main(course_args(cifar100, log_root, "course_async_cifar100"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
+    assert "no launcher started this process" in line
+    assert "-m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- " in line
+    assert not log_root.exists()

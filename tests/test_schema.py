@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 
 from tests.helpers import run_python
-from tf_resnet import data, distributors
+from tf_resnet import data, detect, distributors
 from tf_resnet.config import engines, schema, settings, validation
 from tf_resnet.config import flags as resnet_flags
 from tf_resnet.errors import UserInputError
@@ -186,6 +186,38 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
     monkeypatch.delenv("PMIX_RANK")
     monkeypatch.setenv("PMI_SIZE", "2")
     assert engines.resolve("auto")[0] == "horovod"
+
+
+def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
+    """A synchronous engine no launcher started trains alone, with a word
+    of it and the launcher's command; an asynchronous one is refused."""
+    _no_launcher(monkeypatch)
+    argv = ["resnet_main.py", "--preset=course_sync_cifar100", "--log_root=r"]
+    dist = settings.DistributionConfig()
+    python = detect.interpreter()
+    assert not python.startswith("python")  # The venv's, as the docs type.
+    warning = engines.alone(
+        engines.get("horovod"), "--preset=course_sync_cifar100", dist, argv
+    )
+    assert warning.startswith("one process: --distribution=horovod (--preset")
+    assert (
+        f"for 2 processes on this machine: {python} -m tf_resnet.launch."
+        "horovod --np=2 -- --preset=course_sync_cifar100 --log_root=r;"
+    ) in warning
+    argv[1] = "--preset=course_async_cifar100"
+    with pytest.raises(UserInputError) as refused:
+        engines.alone(engines.get("parameter_server"), "x", dist, argv)
+    assert (
+        f"{python} -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- "
+        "--preset=course_async_cifar100 --log_root=r;"
+    ) in str(refused.value)
+    # Started by a launcher, in a cluster, or an engine of one process.
+    for engine in ("default", "mirrored"):
+        assert engines.alone(engines.get(engine), "x", dist, argv) is None
+    two_workers = settings.DistributionConfig(worker_hosts=("a:1", "b:2"))
+    assert not engines.alone(engines.get("multi_worker"), "", two_workers)
+    monkeypatch.setenv("HOROVOD_SIZE", "1")  # horovodrun -np 1: asked for.
+    assert engines.alone(engines.get("horovod"), "x", dist, argv) is None
 
 
 def test_per_process_engines_refuse_sync_bn_and_several_devices():

@@ -3,13 +3,15 @@
 The one place that reads the environment of a launch: horovodrun's and
 mpirun's rank variables, `TF_CONFIG`, a Slurm job step. The engine
 registry (`engines`) asks it which engine a process was started for; the
-engines' cluster resolvers read the same functions.
+engines' cluster resolvers read the same functions. Also the interpreter
+it runs on, for the commands messages suggest.
 
 Imports no TensorFlow.
 """
 
 import json
 import os
+import sys
 
 from tf_resnet.errors import UserInputError
 
@@ -22,6 +24,17 @@ RANK_SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 PMIX_RANK = "PMIX_RANK"
 # The tasks of a parameter-server cluster that only serve.
 SERVER_JOBS = ("ps", "worker")
+
+
+def interpreter():
+    """The Python running now, as a command to copy (`.venv/bin/python`).
+
+    Relative to the working directory when inside it, so a message's
+    command reads as the docs' do; a bare `python` may be one without
+    TensorFlow.
+    """
+    relative = os.path.relpath(sys.executable)
+    return sys.executable if relative.startswith("..") else relative
 
 
 def launcher_world_size():

@@ -522,17 +522,76 @@ def launcher_commands(processes, argv=None):
             flags.append(arg)
     if not any(f.startswith("--distribution") for f in flags):
         flags.append("--distribution=averaging")
-    main = os.path.basename(argv[0]) if argv else "resnet_main.py"
-    main_flag = [] if main == "resnet_main.py" else [f"--main={argv[0]}"]
-    launchers = [
-        ENGINES[name].launcher
+    return [
+        _launch_command(ENGINES[name], processes, [argv[0], *flags])
         for name in AVERAGING_TRANSPORTS
         if installed(ENGINES[name])
     ]
-    return [
-        shlex.join(
-            ["python", "-m", f"tf_resnet.launch.{launcher}"]
-            + [f"--np={processes}", *main_flag, "--", *flags]
+
+
+def _launch_command(engine, processes, argv):
+    """The command that runs `argv` as `processes` processes of `engine`.
+
+    On this machine, through the engine's launcher, with the interpreter
+    that runs now (a bare `python` may be one without TensorFlow).
+    """
+    main = os.path.basename(argv[0]) if argv else "resnet_main.py"
+    main_flag = [] if main == "resnet_main.py" else [f"--main={argv[0]}"]
+    count = (
+        ["--num_ps=1", f"--num_workers={processes}"]
+        if engine.serve
+        else [f"--np={processes}"]
+    )
+    return shlex.join(
+        [detect.interpreter(), "-m", f"tf_resnet.launch.{engine.launcher}"]
+        + [*count, *main_flag, "--", *argv[1:]]
+    )
+
+
+def alone(engine, reason, dist, argv=None):
+    """What to say when a process of a multi-process engine has no peers.
+
+    An engine with a launcher trains over the processes that launcher
+    starts; a process none started (and no cluster names) is alone. A
+    synchronous engine then trains on one process, the same optimisation
+    at the same global batch, only slower, which a student who typed
+    `--preset=course_sync_cifar100` would take for a run on several: the
+    returned warning says so and gives the launcher's command. An
+    asynchronous one has no meaning on one process, so it is refused.
+
+    Args:
+      engine: the `Engine` start-up resolved.
+      reason: why it runs (`runtime.start`'s, e.g. `--preset=...`).
+      dist: the `settings.DistributionConfig`.
+      argv: the command line (default `sys.argv`).
+
+    Returns:
+      The warning, or None when the process has peers or needs none.
+
+    Raises:
+      UserInputError: an asynchronous engine with no cluster.
+    """
+    _, variable = detect.launcher_world_size()
+    if (
+        engine.launcher is None
+        or variable
+        or (engine.workers and engine.workers(dist.worker_hosts))
+    ):
+        return None
+    argv = sys.argv if argv is None else argv
+    command = _launch_command(engine, 2, argv)
+    where = "on a cluster, its batch job (docs/recipes.md, Commands)"
+    if engine.asynchronous:
+        raise UserInputError(
+            f"--distribution={engine.name} ({reason}) trains on parameter "
+            "servers and workers, which a launcher starts, and no launcher "
+            "started this process; on this machine, 1 server and 2 "
+            f"workers: {command}; {where}"
         )
-        for launcher in launchers
-    ]
+    return (
+        f"one process: --distribution={engine.name} ({reason}) is "
+        "synchronous SGD over the processes its launcher starts, and no "
+        "launcher started this one, so it trains alone (the same updates "
+        "as on N processes, only slower); for 2 processes on this "
+        f"machine: {command}; {where}"
+    )
