@@ -9,6 +9,7 @@ import pytest
 
 from tests.data_files import write_tiny_imagenet
 from tests.helpers import (
+    flag_values,
     lock_holder,
     on_one_set,
     run_main,
@@ -16,6 +17,10 @@ from tests.helpers import (
     train_args,
     wait_for_step,
 )
+from tf_resnet import builders, summaries
+from tf_resnet.config import layers as config_lib
+from tf_resnet.config import presets
+from tf_resnet.errors import UserInputError
 
 
 @on_one_set  # The run directory's lock (tests/helpers.py).
@@ -228,3 +233,60 @@ def test_settings_taken_from_config_json_are_named_at_the_start(
     assert f"--train_data_path={synthetic_cifar['train']}" in line, line
     assert "label_smoothing" not in line and "train_steps" not in line, line
     assert "--dataset=" not in line, line  # The default: no news.
+
+
+def _saved_run(log_root, **values):
+    """A `config.json` in `log_root` as a run of `values` leaves it."""
+    config = config_lib.resolve(
+        {**flag_values(log_root), **values}, set(values)
+    )
+    os.makedirs(log_root, exist_ok=True)
+    plan = builders.RunPlan(64, 8, 16, 8, 8, 0, 100, 32)
+    config_lib.save(config, plan, summaries.atomic_write)
+
+
+@pytest.mark.parametrize(
+    "theirs, ours, said",
+    [
+        ("course_cifar100", "course_tinyimagenet", "a cifar100 run"),
+        ("course_tinyimagenet", "course_cifar100", "a tinyimagenet run"),
+    ],
+)
+def test_a_log_root_of_another_run_is_named_before_the_data(
+    tmp_path, theirs, ours, said
+):
+    """The saved config wins over --preset; a command naming another preset
+    is another run, said first with both ways on, not blamed on its data."""
+    _saved_run(tmp_path, preset=theirs, train_data_path="their/train")
+    values = {**flag_values(tmp_path), "preset": ours}
+    with pytest.raises(UserInputError) as refused:
+        config_lib.resolve(values, {"preset", "log_root"})
+    message = str(refused.value)
+    assert message.startswith(f"--log_root={tmp_path} holds {said} (")
+    assert f"not a run of --preset={ours} (" in message
+    dataset = presets.PRESETS[ours]["dataset"]
+    assert (
+        f"give another --log_root (e.g. --log_root={tmp_path}_{dataset})"
+    ) in message
+    assert (
+        f"give its own --preset={theirs} --train_data_path=their/train "
+        f"--eval_data_path=y --log_root={tmp_path}"
+    ) in message
+    # --dataset alone asks for another run too; its own preset continues.
+    values = {**flag_values(tmp_path), "dataset": "cifar10"}
+    with pytest.raises(UserInputError, match="not a run of --dataset=cifar10"):
+        config_lib.resolve(values, {"dataset", "log_root"})
+    values["preset"] = theirs
+    resumed = config_lib.resolve(values, {"preset", "log_root"})
+    assert resumed.data.train_data_path == "their/train"
+
+
+def test_the_resume_line_names_no_default_a_list_holds(tmp_path):
+    """A list setting saved at its default (`--lr_decay_fractions`) is no
+    news to a resumed run's first line."""
+    _saved_run(tmp_path, preset="course_cifar100", batch_size=16)
+    values = {**flag_values(tmp_path), "preset": "course_cifar100"}
+    values["lr_decay_fractions"] = [0.5, 0.75]  # As the flag holds it.
+    assert config_lib.taken_from_saved(values, {"preset", "log_root"}) == {
+        "batch_size": 16
+    }

@@ -17,6 +17,7 @@ The settings themselves are declared in `settings`, checked in
 import dataclasses
 import json
 import os
+import shlex
 
 from tf_resnet.config import presets
 from tf_resnet.config.settings import (
@@ -65,8 +66,13 @@ def taken_from_saved(values, explicit):
     return {
         name: value
         for name, value in layered.items()
-        if name not in explicit and value != own[name]
+        if name not in explicit and _comparable(value) != _comparable(own[name])
     }
+
+
+def _comparable(value):
+    """A list as the tuple it is saved from: `[0.5, 0.75]` is the default."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _layered(values, explicit, with_saved):
@@ -83,8 +89,10 @@ def _layered(values, explicit, with_saved):
         layers.append(presets.PRESETS[preset])
     saved = None
     if with_saved:
-        saved = load_saved(values.get("log_root") or RunConfig.log_root)
+        log_root = values.get("log_root") or RunConfig.log_root
+        saved = load_saved(log_root)
     if saved is not None:
+        _refuse_another_run(log_root, saved, values, explicit)
         layers.append({k: v for k, v in saved.items() if k in CARRIED})
     # The recipe is a layer under all others; which one is itself layered.
     recipe = values.get("recipe") or "paper"
@@ -101,6 +109,53 @@ def _layered(values, explicit, with_saved):
             if name not in explicit:
                 values[name] = value
     return values
+
+
+def _refuse_another_run(log_root, saved, values, explicit):
+    """Refuses a command that asks for another run than `log_root` holds.
+
+    The saved config wins over `--preset` (a resumed run keeps its
+    settings), so a folder that holds a `cifar100` run, given to a
+    `--preset=course_tinyimagenet` command, would take the saved dataset
+    and then blame the data. A command that names its preset or dataset,
+    and a run of another one, are two runs: that is said first, with both
+    ways on.
+
+    Raises:
+      UserInputError: the given `--preset` or the dataset the command asks
+        for (`--dataset`, else its preset's) is not the saved run's.
+    """
+    preset = values.get("preset") if "preset" in explicit else None
+    asked = {}
+    if preset:
+        asked["preset"] = preset
+    dataset = (
+        values.get("dataset")
+        if "dataset" in explicit
+        else presets.PRESETS.get(preset, {}).get("dataset")
+    )
+    if dataset:
+        asked["dataset"] = dataset
+    if all(saved.get(k) in (v, None) for k, v in asked.items()):
+        return
+    own = [f"--preset={saved['preset']}"] if saved.get("preset") else []
+    own += [
+        shlex.quote(f"--{name}={saved[name]}")
+        for name in ("train_data_path", "eval_data_path")
+        if saved.get(name)
+    ]
+    wanted = (
+        f"--preset={preset} ({dataset})" if preset else f"--dataset={dataset}"
+    )
+    raise UserInputError(
+        f"--log_root={log_root} holds a {saved['dataset']} run ("
+        + ", ".join([saved["model"], *own[:1]])
+        + f", says its {CONFIG_FILE}), not a run of {wanted}: to start one, "
+        "give another --log_root (e.g. "
+        f"--log_root={os.path.normpath(log_root)}_{dataset}); to continue "
+        f"the {saved['dataset']} run, give its own "
+        f"{' '.join(own) or 'flags'} {shlex.quote(f'--log_root={log_root}')}"
+    )
 
 
 def _unreadable(path, why):
