@@ -50,6 +50,7 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # Run as a script: make tf_resnet importable.
     sys.path.insert(0, _REPO_ROOT)
 
+from tf_resnet.config.families import WEIGHTS  # noqa: E402
 from tf_resnet.errors import DataError  # noqa: E402
 
 # The data root: `datasets/` of the checkout, wherever this is run from.
@@ -106,38 +107,6 @@ ARCHIVES = {
             "tiny-imagenet-200",
         ),
     },
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightsFile:
-    """One published weights file and how its publisher checks it."""
-
-    url: str
-    algorithm: str  # A hashlib name.
-    digest: str  # The whole hex digest, or its prefix (torchvision).
-
-    @property
-    def filename(self):
-        return self.url.rsplit("/", 1)[-1]
-
-
-# The files `--pretrained` reads (tf_resnet/models/pretrained.py):
-# torchvision's ResNet-18, checked like torch.hub does by the sha256 prefix
-# in its name, and Keras' ResNet50 without its classifier, checked by the
-# md5 keras.applications.ResNet50 passes to `get_file`.
-WEIGHTS = {
-    "resnet18": WeightsFile(
-        "https://download.pytorch.org/models/resnet18-f37072fd.pth",
-        "sha256",
-        "f37072fd",
-    ),
-    "keras_resnet50": WeightsFile(
-        "https://storage.googleapis.com/tensorflow/keras-applications/"
-        "resnet/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5",
-        "md5",
-        "4d473c1dd8becc155b73f8504c6f6626",
-    ),
 }
 
 

@@ -3,6 +3,7 @@
 Nothing here reaches the internet: every URL is http://127.0.0.1:<port>.
 """
 
+import dataclasses
 import hashlib
 import http.server
 import io
@@ -419,7 +420,11 @@ def test_resnet18_weights_resume_and_verify_by_sha256_prefix(
     prefix = _sha256(body)[:8]
     name = f"resnet18-{prefix}.pth"
     server.files[f"mirror/{name}"] = body
-    spec = download.WeightsFile(f"http://127.0.0.1:9/{name}", "sha256", prefix)
+    spec = dataclasses.replace(
+        download.WEIGHTS["resnet18"],
+        url=f"http://127.0.0.1:9/{name}",
+        digest=prefix,
+    )
     monkeypatch.setitem(download.WEIGHTS, "resnet18", spec)
     out = tmp_path / "weights"
     out.mkdir()
@@ -465,8 +470,8 @@ def test_keras_weights_go_where_pretrained_imagenet_looks(
     body = os.urandom(30_000)
     real = download.WEIGHTS["keras_resnet50"]
     server.files[real.filename] = body
-    spec = download.WeightsFile(
-        f"http://127.0.0.1:9/{real.filename}", "md5", _md5(body)
+    spec = dataclasses.replace(
+        real, url=f"http://127.0.0.1:9/{real.filename}", digest=_md5(body)
     )
     monkeypatch.setitem(download.WEIGHTS, "keras_resnet50", spec)
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))

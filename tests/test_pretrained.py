@@ -147,7 +147,48 @@ def test_imagenet_without_keras_file_says_what_to_put_where(
         build_model("resnet50", 10, (64, 64, 3), pretrained="imagenet")
     assert pretrained.KERAS_RESNET50_FILE in str(error.value)
     assert str(tmp_path / "models") in str(error.value)
+    assert "data/download.py --weights=keras_resnet50" in str(error.value)
     assert not (tmp_path / "models").exists()  # Nothing was downloaded.
+
+
+def test_a_missing_weights_file_says_where_it_comes_from(tmp_path):
+    """As typed from the docs, without the file: its address, checksum, the
+    command that fetches it and where to copy it; no run folder is left."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_cifar_records(data / "train.bin", "cifar100", 32)
+    write_cifar_records(data / "test.bin", "cifar100", 16, seed=1)
+    weights = tmp_path / "weights" / "resnet18-f37072fd.pth"
+    common = [
+        "--preset=resnet18_cifar100",
+        f"--train_data_path={data / 'train.bin'}",
+        f"--eval_data_path={data / 'test.bin'}",
+        f"--log_root={tmp_path / 'runs' / 'r18'}",
+        "--train_steps=1",
+        "--batch_size=8",
+    ]
+    proc = run_main([f"--pretrained={weights}", *common])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
+    for said in (
+        f"{weights}: no such file (--pretrained); it is torchvision's",
+        "https://download.pytorch.org/models/resnet18-f37072fd.pth "
+        "(sha256 starting f37072fd)",
+        "data/download.py --weights=resnet18 fetches and checks it",
+        f"copy that file to {weights}",
+    ):
+        assert said in line, line
+    assert not (tmp_path / "runs" / "r18").exists()
+    # A file that is there but unreadable fails later, in the run's
+    # folder: which it leaves as it found it.
+    weights.parent.mkdir()
+    broken = weights.parent / "broken.npz"
+    broken.write_bytes(b"not an archive")
+    proc = run_main([f"--pretrained={broken}", *common])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "broken.npz: not a .npz archive" in proc.stderr
+    assert not (tmp_path / "runs" / "r18").exists()
+    assert (tmp_path / "runs").is_dir()  # The run folder only, not parents.
 
 
 def test_imagenet_loads_keras_resnet50_file_from_cache(tmp_path, monkeypatch):

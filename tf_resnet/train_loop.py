@@ -20,6 +20,7 @@ kernels, divided the same way.
 import contextlib
 import functools
 import math
+import os
 import signal
 import time
 
@@ -49,6 +50,7 @@ from tf_resnet.config import settings
 from tf_resnet.distribute.base import TrainState
 from tf_resnet.errors import UserInputError
 from tf_resnet.losses import classification_losses
+from tf_resnet.models import pretrained
 
 
 class TrainingInterrupted(Exception):
@@ -435,12 +437,24 @@ def train(config, distributor):
     # Both splits are read before anything is written in log_root: a run
     # that fails on its data leaves no config.json for the next to take.
     eval_split = data.split_of(config, training=False)
+    # The weights file too (not read yet): a missing one is a failed start.
+    pretrained.check_source(config.model.pretrained)
     plan = plan_run(config, split)
-    with contextlib.ExitStack() as held:
-        _start_together(config.run.log_root, distributor, held)
-        result, interrupted = _train(
-            config, distributor, plan, split, eval_split
-        )
+    log_root = config.run.log_root
+    new_folder = not os.path.exists(log_root)
+    try:
+        with contextlib.ExitStack() as held:
+            _start_together(log_root, distributor, held)
+            result, interrupted = _train(
+                config, distributor, plan, split, eval_split
+            )
+    except BaseException:
+        if new_folder and distributor.is_chief:
+            # A start that failed before writing anything leaves no empty
+            # run folder behind (a non-empty one holds something of it).
+            with contextlib.suppress(OSError):
+                os.rmdir(log_root)
+        raise
     # Only now that the run's input iterator is released (deleting one of
     # MultiWorkerMirroredStrategy needs every worker still there); after an
     # agreed stop too, so no process leaves while the chief still saves.

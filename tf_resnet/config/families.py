@@ -16,8 +16,10 @@ TensorFlow, so that the config reads it without TensorFlow.
 """
 
 import dataclasses
+import os
 import sys
 
+from tf_resnet import detect
 from tf_resnet.config import schema
 from tf_resnet.config.schema import BELOW_ONE, setting
 from tf_resnet.errors import UserInputError
@@ -189,6 +191,71 @@ VARIANTS = {
     "course_resnet": Variant(COURSE),
     **{f"resnet{d}": Variant(IMAGENET, d) for d in IMAGENET_LAYOUTS},
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsFile:
+    """One published weights file, how its publisher checks it, what it is.
+
+    `data/download.py --weights=NAME` fetches it; a `--pretrained` run
+    that misses it names its address, checksum and that command.
+    """
+
+    url: str
+    algorithm: str  # A hashlib name.
+    digest: str  # The whole hex digest, or its prefix (torchvision).
+    label: str
+
+    @property
+    def filename(self):
+        return self.url.rsplit("/", 1)[-1]
+
+
+# The files `--pretrained` reads (tf_resnet/models/pretrained.py):
+# torchvision's ResNet-18, checked like torch.hub does by the sha256 prefix
+# in its name, and Keras' ResNet50 without its classifier, checked by the
+# md5 keras.applications.ResNet50 passes to `get_file`.
+WEIGHTS = {
+    "resnet18": WeightsFile(
+        "https://download.pytorch.org/models/resnet18-f37072fd.pth",
+        "sha256",
+        "f37072fd",
+        "torchvision's ResNet-18 ImageNet weights",
+    ),
+    "keras_resnet50": WeightsFile(
+        "https://storage.googleapis.com/tensorflow/keras-applications/"
+        "resnet/resnet50_weights_tf_dim_ordering_tf_kernels_notop.h5",
+        "md5",
+        "4d473c1dd8becc155b73f8504c6f6626",
+        "Keras' ResNet50 ImageNet weights without the classifier",
+    ),
+}
+
+
+def missing_weights(path, flag="--pretrained"):
+    """The error line of a weights file that is not at `path`.
+
+    For a published file (named as its publisher names it): what it is,
+    its address and checksum, the command that fetches it where that
+    address is reachable, and where to copy it on this machine.
+    """
+    where = os.path.abspath(path)
+    name = os.path.basename(path)
+    known = [(k, w) for k, w in WEIGHTS.items() if w.filename == name]
+    if not known:
+        return f"{path}: no such file ({flag})"
+    key, weights = known[0]
+    checksum = (
+        f"{weights.algorithm} starting {weights.digest}"
+        if weights.algorithm == "sha256"
+        else f"{weights.algorithm} {weights.digest}"
+    )
+    return (
+        f"{path}: no such file ({flag}); it is {weights.label}, "
+        f"{weights.url} ({checksum}). Where that address is reachable, "
+        f"{detect.interpreter()} data/download.py --weights={key} fetches "
+        f"and checks it; copy that file to {where}"
+    )
 
 
 def models_of(family):

@@ -103,26 +103,36 @@ def build(name, source, build_fn, num_classes, input_shape, options):
     return model
 
 
+def check_source(source):
+    """Fails as `build` would on a missing weights file, before it is built.
+
+    So a run finds it out before it writes anything in its `--log_root`.
+    """
+    if source == "imagenet" or source.endswith(".h5"):
+        keras_weights_path(source)
+    elif source:
+        _existing(source)
+
+
 def keras_weights_path(source):
     """The local Keras ResNet50 weights file; never downloads it."""
     if source != "imagenet":
-        if not os.path.isfile(source):
-            raise UserInputError(
-                f"{source}: no such file (--pretrained, Keras ResNet50 "
-                f"ImageNet weights {KERAS_RESNET50_FILE})"
-            )
-        return source
+        return _existing(source)
     home = os.environ.get("KERAS_HOME") or os.path.join("~", ".keras")
-    folder = os.path.join(os.path.expanduser(home), "models")
-    path = os.path.join(folder, KERAS_RESNET50_FILE)
+    path = os.path.join(os.path.expanduser(home), "models", KERAS_RESNET50_FILE)
     if not os.path.isfile(path):
         raise UserInputError(
-            f"--pretrained=imagenet needs Keras' ResNet50 ImageNet weights "
-            f"{KERAS_RESNET50_FILE} in {folder}/ (or pass "
-            "--pretrained=/path/to/it); tf-resnet never downloads: copy it "
-            "from a machine where keras.applications.ResNet50("
-            "include_top=False, weights='imagenet') has run"
+            families.missing_weights(path, "--pretrained=imagenet")
+            + " (or pass --pretrained=/path/to/it); tf-resnet never "
+            "downloads"
         )
+    return path
+
+
+def _existing(path):
+    """`path`, or the error that says where its file comes from."""
+    if not os.path.isfile(path):
+        raise UserInputError(families.missing_weights(path))
     return path
 
 
@@ -168,8 +178,7 @@ def torch_name(variable_path):
 
 def read_state_dict(path):
     """`{name: numpy array}` from a .pth/.pt, .npz or .safetensors file."""
-    if not os.path.isfile(path):
-        raise UserInputError(f"{path}: no such file (--pretrained)")
+    _existing(path)
     extension = os.path.splitext(path)[1].lower()
     if extension in (".pth", ".pt"):
         return _read_torch(path)
