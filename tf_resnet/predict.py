@@ -96,11 +96,21 @@ def training_run_advice(model_dir):
     return (
         f"--model_dir={model_dir} is a training run's --log_root "
         f"({' and '.join(found)}), not an export; export it first: "
-        f"python resnet_main.py --mode=export "
+        f"{shlex.quote(_interpreter())} resnet_main.py --mode=export "
         f"--log_root={shlex.quote(model_dir)} "
         f"--export_dir={shlex.quote(export_dir)}, then give "
         f"--model_dir={shlex.quote(export_dir)}"
     )
+
+
+def _interpreter():
+    """This Python as a command (`.venv/bin/python`), as `detect` says it.
+
+    A bare `python` may be one without TensorFlow. Kept here, as this
+    module imports nothing else of tf-resnet.
+    """
+    relative = os.path.relpath(sys.executable)
+    return sys.executable if relative.startswith("..") else relative
 
 
 def _export_facts(model_dir):
