@@ -70,7 +70,7 @@ def test_sigterm_writes_a_final_checkpoint_and_flushes_events(
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     stopped = re.search(
         r"stopped: SIGTERM at step (\d+): checkpoint written "
-        r"to (\S+)",
+        r"to (\S+); the same command again resumes from it",
         rest,
     )
     assert stopped, rest[-2000:]

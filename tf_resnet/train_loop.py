@@ -604,7 +604,8 @@ def _interruption(received, step, distributor, checkpoints):
 
     A process that got no signal itself stops for its peer's and exits as
     if it had got SIGTERM (the scheduler's signal), so a job's processes
-    end with one exit code.
+    end with one exit code. The line says how to go on: a run resumes by
+    itself from its --log_root, so the command that started it.
     """
     if received:
         what, signum = f"{received.name} at step {step}", received
@@ -615,7 +616,9 @@ def _interruption(received, step, distributor, checkpoints):
         f"to {checkpoints.latest}" if distributor.is_chief else "by the chief"
     )
     return TrainingInterrupted(
-        f"{what}: checkpoint written {where}", int(signum)
+        f"{what}: checkpoint written {where}; the same command again "
+        "resumes from it",
+        int(signum),
     )
 
 
