@@ -39,6 +39,7 @@ import os
 import shutil
 import sys
 
+from tf_resnet import native_log
 from tf_resnet.launch import cli, private_network
 
 LISTENERS = "horovodrun's rendezvous server and the Gloo ranks"
@@ -113,6 +114,9 @@ def main(argv=None):
     command = horovodrun_command(
         args.np, [sys.executable, args.main, *args.main_flags], horovodrun
     )
+    # horovodrun imports TensorFlow itself, whose INFO lines (oneDNN, CPU
+    # features) a single run keeps out: the ranks' level, set for it too.
+    native_log.default_level()
     os.execv(horovodrun, command)
 
 
