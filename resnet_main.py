@@ -1,16 +1,23 @@
 r"""Trains or evaluates a ResNet: the command line of tf-resnet.
 
-  python resnet_main.py --dataset=cifar10 \
-      --train_data_path='cifar-10-batches-bin/data_batch*' \
-      --eval_data_path=cifar-10-batches-bin/test_batch.bin \
-      --log_root=/tmp/resnet_model --model=resnet20
+  # A course task: its --preset, the data where data/download.py puts it.
+  .venv/bin/python resnet_main.py --preset=course_cifar100 \
+      --train_data_path=datasets/cifar-100-binary/train.bin \
+      --eval_data_path=datasets/cifar-100-binary/test.bin \
+      --log_root=runs/course_c100
 
-  python resnet_main.py --mode=eval --eval_once ...   # separate eval job
-  python resnet_main.py --mode=export --log_root=/tmp/resnet_model \
-      --export_dir=/tmp/resnet_export              # SavedModel, .keras
-  python resnet_main.py --mode=export ... --litert=int8   # + model.tflite
+  .venv/bin/python resnet_main.py --dataset=cifar10 \
+      --train_data_path='datasets/cifar-10-batches-bin/data_batch*' \
+      --eval_data_path=datasets/cifar-10-batches-bin/test_batch.bin \
+      --log_root=runs/cifar10 --model=resnet20
 
-TensorBoard: `.venv/bin/tensorboard --logdir=/tmp/resnet_model`.
+  .venv/bin/python resnet_main.py --mode=eval --eval_once \
+      --log_root=runs/cifar10 ...                  # separate eval job
+  .venv/bin/python resnet_main.py --mode=export --log_root=runs/cifar10 \
+      --export_dir=runs/cifar10_export             # SavedModel, .keras
+  .venv/bin/python resnet_main.py --mode=export ... --litert=int8  # .tflite
+
+TensorBoard: `.venv/bin/tensorboard --logdir=runs/cifar10`.
 
 Exit codes: 0 done; 2 bad input or flags (one `error:` line); 3 the loss
 diverged; 4 a task of a training cluster was lost; 128+N stopped by

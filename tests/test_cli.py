@@ -135,6 +135,15 @@ def test_help_lists_the_settings_by_group_and_exits_0():
     ], out  # fmt: skip
     for flag in ("--dataset", "--train_epochs", "--learning_rate", "--preset"):
         assert f"\n  {flag}: " in out, flag
+    # The flag a student starts with first, its choices unbroken, and the
+    # example's paths where data/download.py puts the data.
+    assert out.index("--preset:") < out.index("data settings")
+    for preset in ("course_sync_cifar100", "course_tinyimagenet"):
+        assert preset in " ".join(out.split()), preset
+    assert "'datasets/cifar-10-batches-bin/data_batch*'" in out
+    assert "--log_root=/tmp/" not in out and "\n  python " not in out
+    # A path in a flag's help is not cut at its hyphens either.
+    assert "datasets/cifar-10-batches-bin/test_batch.bin;" in out
     assert out.index("--dataset:") < out.index("model settings")
     assert out.index("model settings") < out.index("--model:")
     assert "--tpu" not in out and "--test_srcdir" not in out

@@ -203,12 +203,16 @@ class DataConfig(InputKnobs):
     )
     train_data_path: str = setting(
         "",
-        "Glob of training files, e.g. cifar-10-batches-bin/data_batch*, "
-        "cifar-100-binary/train.bin.",
+        "Glob of training files, e.g. datasets/cifar-100-binary/train.bin "
+        "or 'datasets/cifar-10-batches-bin/data_batch*' (where "
+        "data/download.py puts them); TinyImageNet: its folder, "
+        "datasets/tiny-imagenet-200.",
     )
     eval_data_path: str = setting(
         "",
-        "Glob of evaluation files, e.g. cifar-10-batches-bin/test_batch.bin.",
+        "Glob of evaluation files, e.g. datasets/cifar-100-binary/test.bin "
+        "or datasets/cifar-10-batches-bin/test_batch.bin; TinyImageNet: "
+        "its folder, as --train_data_path.",
     )
     tfds_data_dir: str = setting(
         "",

@@ -28,9 +28,10 @@ FLAGS = flags.FLAGS
 USAGE_ERROR = 2  # resnet_main's exit code for bad input, flags included.
 _HELP = frozenset(["--help", "-help", "-h", "-?", "--helpshort", "-helpshort"])
 _HELP_FULL = frozenset(["--helpfull", "-helpfull"])
+_NON_BREAKING_HYPHEN = "\u2011"
 _TOP_SECTION = (
-    "layers - named groups of the settings above (docs/recipes.md); "
-    "flags given win over them"
+    "layers - named groups of the settings below (docs/recipes.md): a "
+    "course task is one --preset; flags given win over them"
 )
 # Flags users of timm, Keras or PyTorch scripts type, and what to type here.
 # Hints, not aliases: one name per setting keeps `config.json`, the presets
@@ -83,6 +84,10 @@ def define(field, flag_values=FLAGS, section=None):
     where = {"flag_values": flag_values, "module_name": section}
     if allowed:
         flags.DEFINE_enum(name, default, list(allowed), help_text, **where)
+        # absl joins the choices with `|` alone, and its help wraps that
+        # one long word mid-name (`course_t`/`inyimagenet`): spaced, it
+        # wraps between choices.
+        flag_values[name].help = f"<{' | '.join(allowed)}>: {help_text}"
     elif kind is bool:
         flags.DEFINE_bool(name, default, help_text, **where)
     elif kind is int:
@@ -104,9 +109,24 @@ def define_all(flag_values=FLAGS):
 
 
 def help_text(flag_values=FLAGS):
-    """The project's flags, section by section, as absl renders them."""
-    titles = [*sections().values(), _TOP_SECTION]
-    return "\n".join(flag_values.module_help(title) for title in titles)
+    """The project's flags, section by section, as absl renders them.
+
+    The layers first: `--preset` is the flag a student starts with.
+    """
+    titles = [_TOP_SECTION, *sections().values()]
+    # absl's wrapping breaks lines at hyphens, which cuts a path such as
+    # cifar-10-batches-bin in two: non-breaking ones while it wraps.
+    flags_of = flag_values.flags_by_module_dict()
+    ours = [flag for title in titles for flag in flags_of.get(title, [])]
+    helps = {id(flag): flag.help for flag in ours}
+    try:
+        for flag in ours:
+            flag.help = flag.help.replace("-", _NON_BREAKING_HYPHEN)
+        text = "\n".join(flag_values.module_help(title) for title in titles)
+    finally:
+        for flag in ours:
+            flag.help = helps[id(flag)]
+    return text.replace(_NON_BREAKING_HYPHEN, "-")
 
 
 def _message(error):
