@@ -103,3 +103,17 @@ def test_the_check_finds_each_kind(text):
 )
 def test_upstream_references_pass(text):
     assert not list(_found(text)), text
+
+
+def test_the_docs_commands_start_with_the_checkouts_interpreter():
+    """A command a student copies from the docs runs `.venv/bin/python`: a
+    bare `python` may be one without TensorFlow. (Commands that a launcher
+    runs on other hosts, indented under it, take that host's PATH.)"""
+    bare = [
+        (path, line)
+        for path, text in _read_files()
+        if path == "README.md" or path.startswith("docs")
+        for line in text.splitlines()
+        if line.startswith("python ")
+    ]
+    assert not bare, bare
