@@ -7,7 +7,13 @@ import subprocess
 import pytest
 
 from tests.data_files import cifar100_files
-from tests.helpers import ROOT, on_newest_set, requires_horovod, run_main
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    on_one_set,
+    requires_horovod,
+    run_main,
+)
 
 
 def base_args(synthetic, log_root):
@@ -223,6 +229,7 @@ def test_the_sync_preset_alone_says_so_at_its_start_and_end(cifar100, tmp_path):
     )
 
 
+@on_one_set  # A message, not TensorFlow (tests/helpers.py).
 def test_the_async_preset_alone_is_refused_with_its_launcher(
     cifar100, tmp_path
 ):
