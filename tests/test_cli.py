@@ -237,6 +237,6 @@ def test_the_async_preset_alone_is_refused_with_its_launcher(
     proc = run_main(course_args(cifar100, log_root, "course_async_cifar100"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     (line,) = [x for x in proc.stderr.splitlines() if "error:" in x]
-    assert "no launcher started this process" in line
+    assert "none started this one; on this machine: " in line
     assert "-m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- " in line
     assert not log_root.exists()

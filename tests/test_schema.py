@@ -211,6 +211,14 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
         f"{python} -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- "
         "--preset=course_async_cifar100 --log_root=r;"
     ) in str(refused.value)
+    with pytest.raises(UserInputError) as refused:
+        engines.alone(engines.get("multi_worker"), "--distribution", dist, argv)
+    assert str(refused.value).startswith(
+        "--distribution=multi_worker runs as processes that a launcher starts"
+    )
+    assert f"{python} -m tf_resnet.launch.tf_config_cluster --np=2 -- " in (
+        str(refused.value)
+    )
     # Started by a launcher, in a cluster, or an engine of one process.
     for engine in ("default", "mirrored"):
         assert engines.alone(engines.get(engine), "x", dist, argv) is None

@@ -125,6 +125,9 @@ class Engine:
         overlapping process a second one by default).
       traffic: what it sends between nodes for one update
         (`tf_resnet.traffic`), for the scaling model; None: one node.
+      trains_alone: a process of it that no launcher started (and no
+        cluster names) can train on its own, as one rank of Horovod; False:
+        it needs its cluster, and such a process is refused (`alone`).
     """
 
     name: str
@@ -147,6 +150,7 @@ class Engine:
     overlaps: bool = False
     overlap_waits_for_a_thread: bool = False
     traffic: object = None
+    trains_alone: bool = True
 
     @property
     def asynchronous(self):
@@ -343,6 +347,7 @@ ENGINES = {
             update=Update.WORKER,
             serve=_parameter_server_serve,
             traffic=traffic.PUSH_PULL,
+            trains_alone=False,
         ),
         Engine(
             "multi_worker",
@@ -359,6 +364,7 @@ ENGINES = {
             overlaps=True,
             overlap_waits_for_a_thread=True,
             traffic=traffic.ALL_REDUCE_EVERY_STEP,
+            trains_alone=False,
         ),
     )
 }
@@ -552,12 +558,12 @@ def alone(engine, reason, dist, argv=None):
     """What to say when a process of a multi-process engine has no peers.
 
     An engine with a launcher trains over the processes that launcher
-    starts; a process none started (and no cluster names) is alone. A
-    synchronous engine then trains on one process, the same optimisation
-    at the same global batch, only slower, which a student who typed
-    `--preset=course_sync_cifar100` would take for a run on several: the
-    returned warning says so and gives the launcher's command. An
-    asynchronous one has no meaning on one process, so it is refused.
+    starts; a process none started (and no cluster names) is alone. One
+    that `trains_alone` (Horovod) then trains on one process, the same
+    optimisation at the same global batch, only slower, which a student
+    who typed `--preset=course_sync_cifar100` would take for a run on
+    several: the returned warning says so and gives the launcher's
+    command. The others need their cluster, so they are refused with it.
 
     Args:
       engine: the `Engine` start-up resolved.
@@ -569,7 +575,7 @@ def alone(engine, reason, dist, argv=None):
       The warning, or None when the process has peers or needs none.
 
     Raises:
-      UserInputError: an asynchronous engine with no cluster.
+      UserInputError: an engine that does not train alone, alone.
     """
     _, variable = detect.launcher_world_size()
     if (
@@ -581,15 +587,17 @@ def alone(engine, reason, dist, argv=None):
     argv = sys.argv if argv is None else argv
     command = _launch_command(engine, 2, argv)
     where = "on a cluster, its batch job (docs/recipes.md, Commands)"
-    if engine.asynchronous:
+    named = f"--distribution={engine.name}" + (
+        "" if reason == "--distribution" else f" ({reason})"
+    )
+    if not engine.trains_alone:
         raise UserInputError(
-            f"--distribution={engine.name} ({reason}) trains on parameter "
-            "servers and workers, which a launcher starts, and no launcher "
-            "started this process; on this machine, 1 server and 2 "
-            f"workers: {command}; {where}"
+            f"{named} runs as processes that a launcher starts "
+            f"({engine.summary}), and none started this one; on this "
+            f"machine: {command}; {where}"
         )
     return (
-        f"one process: --distribution={engine.name} ({reason}) is "
+        f"one process: {named} is "
         "synchronous SGD over the processes its launcher starts, and no "
         "launcher started this one, so it trains alone (the same updates "
         "as on N processes, only slower); for 2 processes on this "
