@@ -31,11 +31,18 @@
 #                nodes over ssh, Gloo), srun (Slurm: `srun --mpi=$SRUN_MPI`,
 #                Horovod on MPI, no ssh), mpirun (the MPI's own launcher,
 #                which reads the allocation) or aprun (Cray ALPS under PBS:
-#                `aprun -n N -N RANKS_PER_NODE`, Horovod on Cray MPICH)
-#   RANKS_PER_NODE  LAUNCHER=aprun: ranks on each node (default: the node's
-#                task slots in $PBS_NODEFILE); the course's `aprun -n 2 -N 1`
-#                on `nodes=2:ppn=16:xk` is RANKS_PER_NODE=1
-#   APRUN_FLAGS  LAUNCHER=aprun: extra aprun flags (e.g. "-d 16 -cc none")
+#                `aprun -n N -N RANKS_PER_NODE`, Horovod on Cray MPICH).
+#                aprun is every task's (the batch shell runs on a service
+#                node): the one-node tasks `aprun -n 1 -N 1`, the
+#                multi_worker workers and the async job's ps and workers a
+#                PE each (their index from ALPS_APP_PE); the async
+#                coordinator stays in the batch shell. scripts/cray/ sets it
+#   RANKS_PER_NODE  LAUNCHER=aprun: ranks (tasks) on each node (default:
+#                the node's task slots in $PBS_NODEFILE); the course's
+#                `aprun -n 2 -N 1` on `nodes=2:ppn=16:xk` is RANKS_PER_NODE=1
+#   APRUN_FLAGS  LAUNCHER=aprun: extra aprun flags (e.g. "-cc none"); each
+#                PE gets its share of the node's slots as -d unless these
+#                give one (ALPS binds a PE to -d CPUs, by default one)
 #   SRUN_MPI     LAUNCHER=srun: Slurm's MPI plugin (default pmix)
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")

@@ -10,11 +10,15 @@ two steps, so the very lines that would run on a cluster start real
 (`ENGINE=multi_worker`, under Slurm only) and parameter-server tasks here,
 which train and write their checkpoint and `eval.csv`.
 
-`scontrol`, `srun` and `pbsdsh` do not exist here. The tests put stand-ins
-for them on `PATH` that do what the real ones do on a one-node allocation
-(print the host list; run a command once per task with `SLURM_PROCID` set;
-run a command on node slot `-n i`). They stand in for the scheduler only:
-every training process is real.
+`scontrol`, `srun`, `pbsdsh`, Cray's `aprun` and `module` do not exist
+here. The tests put stand-ins for them on `PATH` that do what the real
+ones do on a one-node allocation (print the host list; run a command once
+per task with `SLURM_PROCID` set; run a command on node slot `-n i`; start
+`-n` PEs with `ALPS_APP_PE` set, through Open MPI's `mpirun`; record the
+modules loaded). They stand in for the scheduler only: every training
+process is real. The Cray variant's jobs (`scripts/cray/`, "cray" here)
+run under PBS's variables with a node file of two nodes of 16 slots,
+`127.0.0.1` and `127.0.0.2`, both this machine.
 
 Everything runs in a loopback-only network namespace, as the local
 launchers do, since Horovod's rendezvous and TensorFlow's gRPC servers
@@ -109,7 +113,9 @@ FAKES = {
         # < PES), as ALPS refuses a claim beyond the reservation, and
         # records its options, a line per call, in $HOME/aprun-calls. The
         # PEs are started by the MPI launcher it is (Open MPI's mpirun
-        # here, where Cray's is MPICH), each with ALPS_APP_PE, and bound
+        # here, where Cray's is MPICH), each with ALPS_APP_PE and without
+        # mpirun's OMPI_COMM_WORLD_* (which ALPS does not set, and which
+        # would make every PE an mpirun rank to resnet_main), and bound
         # as ALPS binds them: each to one core at -d 1 (the default), else
         # to its DEPTH cores, more than this machine has (so unbound).
         # Like aprun it passes SIGTERM on to the PEs and waits for them:
@@ -140,7 +146,8 @@ FAKES = {
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
         set -m
         mpirun -np "$pes" --host "localhost:$pes" --bind-to "$bind" \\
-          /bin/bash -c 'ALPS_APP_PE=$OMPI_COMM_WORLD_RANK exec "$@"' pe "$@" &
+          /bin/bash -c 'export ALPS_APP_PE=$OMPI_COMM_WORLD_RANK
+            unset "${!OMPI_COMM_WORLD_@}" && exec "$@"' pe "$@" &
         launcher=$!
         set +m
         forward() {
@@ -463,9 +470,19 @@ def test_course_sync_cifar100_on_a_cray(tmp_path, cifar100):
 
 @pytest.mark.slow
 @on_newest_set
-@pytest.mark.parametrize("scheduler", ["pbs"])
-def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
-    """ENGINE=multi_worker: srun/pbsdsh start the workers; no Horovod."""
+@pytest.mark.parametrize(
+    "scheduler, workers",
+    [
+        ("pbs", "localhost:14200,localhost:14201"),
+        ("cray", "127.0.0.1:14200,127.0.0.2:14201"),
+    ],
+)
+def test_course_sync_cifar100_on_multi_worker(
+    scheduler, workers, tmp_path, cifar100
+):
+    """ENGINE=multi_worker: pbsdsh (aprun on a Cray) starts the workers;
+    no Horovod."""
+    needs_mpirun(scheduler)
     log_root = tmp_path / "sync_mw"
     code, text = run_job(
         f"course_sync_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
@@ -473,12 +490,13 @@ def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
          "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "2 multi_worker workers at localhost:14200,localhost:14201" in text
-    # Both workers started, each with its own --task_index from SLURM_PROCID.
+    assert f"2 multi_worker workers at {workers}" in text
+    # Both workers started, each with its own --task_index.
     assert text.count("distribution multi_worker") == 2, text[-4000:]
     assert "horovodrun" not in text, text[-4000:]
     assert_trained(log_root, text)
     assert "processes left after the job" not in text
+    assert_aprun(scheduler, tmp_path, text, "-n 2 -N 1 -d 16")
 
 
 @pytest.mark.parametrize(
@@ -645,7 +663,8 @@ def test_async_job_ends_when_a_worker_is_lost(tmp_path, cifar100):
     assert "processes left after the job" not in text
 
 
-# qdel, as PBS does it: SIGTERM to every process of the job's session.
+# qdel: SIGTERM to the job's process group (PBS signals the job's session
+# on its first node; aprun's PEs, on compute nodes, only get aprun's).
 CANCELLED_JOBS = [
     pytest.param("course_cifar100.pbs", {}, marks=on_newest_set, id="single"),
     pytest.param(
@@ -706,10 +725,13 @@ def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
     )
     step = newest.rpartition("-")[2]
     assert os.path.exists(log_root / f"ckpt-{step}.index"), text[-4000:]
-    # Those lines may be lost on the way (the aprun stand-in's mpirun ends
-    # its output on SIGTERM); those that arrive agree.
+    # Those lines may be lost on the way (a launcher may end its ranks'
+    # output on SIGTERM); those that arrive agree. aprun's ranks are not
+    # killed before they say it: it passes SIGTERM on and waits.
     stops = re.findall(r"resnet_main: stopped: SIGTERM at step (\d+)", text)
     assert set(stops) <= {step}, text[-4000:]
+    if "LAUNCHER" in env:
+        assert stops == [step, step], text[-4000:]
     job_lines = [
         x for x in text.splitlines() if x and not x.startswith("[test]")
     ]
