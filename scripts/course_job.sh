@@ -351,7 +351,7 @@ train_single() {
   cd "$REPO"
   if [[ -n $launch ]]; then
     mapfile -t launch <<<"$launch"
-    log "$preset on a compute node: ${launch[*]}"
+    log "$preset on the compute nodes: ${launch[*]}"
     run_job_command "${launch[@]}" /bin/bash -c "$NODE_GPUS" task "$REPO" \
       "${command[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
     return
@@ -399,6 +399,9 @@ train_sync_horovod() {
     step_command "${launch[1]}" "${launch[2]}" "${command[@]}"
     run_job_command "${STEP[@]}"
   else
+    if [[ ${launch[0]} == aprun ]]; then
+      log "ranks on the compute nodes: ${launch[*]}"
+    fi
     rank_command "${command[@]}"
     run_job_command "${launch[@]}" "${RANK[@]}"
   fi
@@ -432,6 +435,7 @@ train_sync_multi_worker() {
   if [[ -n $launch ]]; then
     # One PE per worker, its index from ALPS_APP_PE (TASK_SHELL).
     mapfile -t launch <<<"$launch"
+    log "workers on the compute nodes: ${launch[*]}"
     STEP_STATUS=$(batch_job step_dir)
     run_job_command "${launch[@]}" /bin/bash -c "$TASK_SHELL" task "$REPO" \
       "$STEP_STATUS" 1 "${command[@]}"

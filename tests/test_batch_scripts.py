@@ -291,6 +291,8 @@ def assert_aprun(scheduler, home, text, placement):
         return
     assert (home / "modules-loaded").read_text() == "cray-mpich\n", text
     assert (home / "aprun-calls").read_text() == f"{placement}\n", text
+    # The job's log names it.
+    assert f"on the compute nodes: aprun {placement}" in text, text[-4000:]
 
 
 @pytest.fixture(scope="module")
