@@ -13,7 +13,7 @@
 # TF_RESNET_REQUIREMENTS=requirements-gpu.txt the GPU set: CUDA and NCCL
 # from PyPI, Horovod built with NCCL by a system CUDA's nvcc (find_cuda).
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "${BASH_SOURCE[0]}")"
 
 REQUIREMENTS=${TF_RESNET_REQUIREMENTS:-requirements.txt}
 CACHE=${TF_RESNET_CACHE:-$HOME/.cache/tf-resnet}
@@ -112,15 +112,40 @@ skip_horovod() {
 }
 
 horovod_flavour() {
-  # Horovod with MPI and Gloo where an MPI compiler is on PATH, so that
-  # mpirun and srun --mpi start its ranks as well as horovodrun; else Gloo.
-  # A GPU set adds NCCL (-nccl) where a CUDA compiler is found (cuda_home).
+  # Horovod with MPI and Gloo where an MPI is found (mpi_for_horovod), so
+  # that mpirun, srun --mpi and aprun start its ranks as well as
+  # horovodrun; else Gloo. A GPU set adds NCCL (-nccl) where a CUDA
+  # compiler is found (cuda_home).
   local flavour=gloo
-  if mpicxx --version >/dev/null 2>&1; then flavour=mpi-gloo; fi
+  if [ -n "$(mpi_for_horovod)" ]; then flavour=mpi-gloo; fi
   if [[ "$TF_PIN" == *and-cuda* ]] && [ -n "$CUDA_FOR_HOROVOD" ]; then
     flavour+=-nccl
   fi
   echo "$flavour"
+}
+
+mpi_for_horovod() {
+  # Which MPI Horovod's build (CMake's FindMPI) uses: "cray", Cray MPICH,
+  # where Cray's C++ compiler wrapper CC is on PATH and the cray-mpich
+  # module is loaded (CRAY_MPICH_DIR): CC compiles and links MPI with no
+  # flags, which FindMPI takes for the MPI; "mpicxx" where one runs;
+  # else nothing.
+  if command -v CC >/dev/null 2>&1 && [ -n "${CRAY_MPICH_DIR:-}" ]; then
+    echo cray
+  elif mpicxx --version >/dev/null 2>&1; then
+    echo mpicxx
+  fi
+}
+
+mpi_build_options() {
+  # The build's variables for mpi_for_horovod's MPI, one a line: on a Cray
+  # the wrappers as the compilers, linking dynamically (a Python module
+  # cannot be the static executable the wrappers link by default).
+  if [ "$(mpi_for_horovod)" = cray ]; then
+    log "MPI: Cray MPICH ($CRAY_MPICH_DIR) through the compiler wrapper CC"
+    printf '%s\n' CC=cc CXX=CC CRAYPE_LINK_TYPE=dynamic
+  fi
+  echo HOROVOD_WITH_MPI=1
 }
 
 # GPU sets only: the CUDA toolkit whose nvcc compiles Horovod's kernels.
@@ -202,10 +227,12 @@ build_horovod_wheel() {
   log "building horovod $HOROVOD_VERSION ($flavour) against $TF_PIN (a few minutes)"
   local options=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1)
-  if [[ "$flavour" == mpi-* ]]; then options+=(HOROVOD_WITH_MPI=1)
+  local line
+  if [[ "$flavour" == mpi-* ]]; then
+    while read -r line; do options+=("$line"); done < <(mpi_build_options)
   else options+=(HOROVOD_WITHOUT_MPI=1); fi
   if [[ "$flavour" == *nccl ]]; then
-    local nccl line
+    local nccl
     nccl=$(nccl_build_options)
     while read -r line; do options+=("$line"); done <<<"$nccl"
     options+=(HOROVOD_GPU_OPERATIONS=NCCL)
@@ -336,18 +363,23 @@ usage() {  # The header's commands, as the usage line.
   sed -n '/^#   \.\/setup.sh/s/^# //p' "$0"
 }
 
-command=${1:-env}
-shift || true
-# Checked before anything is set up: --help and a typo do nothing else.
-case "$command" in
-  env | demo | test) ;;
-  -h | --help | help) usage; exit 0 ;;
-  *) usage >&2; exit 2 ;;
-esac
-if [ "$command" = test ]; then install_cluster_packages; fi
-setup_env
-case "$command" in
-  env) log "environment ready at .venv -> $VENV" ;;
-  demo) run_demo "$@" ;;
-  test) run_tests "$@" ;;
-esac
+main() {
+  local command=${1:-env}
+  shift || true
+  # Checked before anything is set up: --help and a typo do nothing else.
+  case "$command" in
+    env | demo | test) ;;
+    -h | --help | help) usage; exit 0 ;;
+    *) usage >&2; exit 2 ;;
+  esac
+  if [ "$command" = test ]; then install_cluster_packages; fi
+  setup_env
+  case "$command" in
+    env) log "environment ready at .venv -> $VENV" ;;
+    demo) run_demo "$@" ;;
+    test) run_tests "$@" ;;
+  esac
+}
+
+# Sourced (tests/test_cli.py), it only defines its functions.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

@@ -31,11 +31,18 @@
 #                nodes over ssh, Gloo), srun (Slurm: `srun --mpi=$SRUN_MPI`,
 #                Horovod on MPI, no ssh), mpirun (the MPI's own launcher,
 #                which reads the allocation) or aprun (Cray ALPS under PBS:
-#                `aprun -n N -N RANKS_PER_NODE`, Horovod on Cray MPICH)
-#   RANKS_PER_NODE  LAUNCHER=aprun: ranks on each node (default: the node's
-#                task slots in $PBS_NODEFILE); the course's `aprun -n 2 -N 1`
-#                on `nodes=2:ppn=16:xk` is RANKS_PER_NODE=1
-#   APRUN_FLAGS  LAUNCHER=aprun: extra aprun flags (e.g. "-d 16 -cc none")
+#                `aprun -n N -N RANKS_PER_NODE`, Horovod on Cray MPICH).
+#                aprun is every task's (the batch shell runs on a service
+#                node): the one-node tasks `aprun -n 1 -N 1`, the
+#                multi_worker workers and the async job's ps and workers a
+#                PE each (their index from ALPS_APP_PE); the async
+#                coordinator stays in the batch shell. scripts/cray/ sets it
+#   RANKS_PER_NODE  LAUNCHER=aprun: ranks (tasks) on each node (default:
+#                the node's task slots in $PBS_NODEFILE); the course's
+#                `aprun -n 2 -N 1` on `nodes=2:ppn=16:xk` is RANKS_PER_NODE=1
+#   APRUN_FLAGS  LAUNCHER=aprun: extra aprun flags (e.g. "-cc none"); each
+#                PE gets its share of the node's slots as -d unless these
+#                give one (ALPS binds a PE to -d CPUs, by default one)
 #   SRUN_MPI     LAUNCHER=srun: Slurm's MPI plugin (default pmix)
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
@@ -333,16 +340,35 @@ job_slots() { batch_job slots; }
 horovod_hosts() { batch_job horovod_hosts; }
 
 # A single-node task: one resnet_main.py process on the node's GPUs
-# (--num_gpus: one process uses only the GPUs it is asked to).
+# (--num_gpus: one process uses only the GPUs it is asked to); under
+# LAUNCHER=aprun on a compute node, `aprun -n 1 -N 1`, which counts its
+# GPUs there (NODE_GPUS).
 train_single() {
-  local preset=$1 gpus
+  local preset=$1 gpus launch
   check_task_data "$preset"
-  gpus=$(batch_job gpus)
+  launch=$(batch_job aprun 1) || exit
+  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}")
   cd "$REPO"
+  if [[ -n $launch ]]; then
+    mapfile -t launch <<<"$launch"
+    log "$preset on the compute nodes: ${launch[*]}"
+    run_job_command "${launch[@]}" /bin/bash -c "$NODE_GPUS" task "$REPO" \
+      "${command[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
+    return
+  fi
+  gpus=$(batch_job gpus)
   log "$preset on $(hostname)"
-  run_job_command "$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}" \
-    --num_gpus="$gpus" ${EXTRA[@]+"${EXTRA[@]}"}
+  run_job_command "${command[@]}" --num_gpus="$gpus" ${EXTRA[@]+"${EXTRA[@]}"}
 }
+
+# The shell aprun runs a one-node task in: in $1 (REPO), the rest of its
+# arguments, `python script`, then --num_gpus=<the node's GPUs>, then the
+# flags (so that EXTRA_FLAGS' --num_gpus wins). ALPS gives a job whole
+# nodes, so every GPU of the node (a /dev/nvidiaN each) is the job's; the
+# batch shell's node, a service node, cannot say how many.
+NODE_GPUS='cd "$1" && shift && gpus=(/dev/nvidia[0-9]*)
+  [[ -e ${gpus[0]} ]] || gpus=()
+  exec "$1" "$2" --num_gpus="${#gpus[@]}" "${@:3}"'
 
 # Synchronous all-reduce: one process per task slot, on every node, with
 # the engine ENGINE names.
@@ -373,16 +399,20 @@ train_sync_horovod() {
     step_command "${launch[1]}" "${launch[2]}" "${command[@]}"
     run_job_command "${STEP[@]}"
   else
+    if [[ ${launch[0]} == aprun ]]; then
+      log "ranks on the compute nodes: ${launch[*]}"
+    fi
     rank_command "${command[@]}"
     run_job_command "${launch[@]}" "${RANK[@]}"
   fi
 }
 
 # One --distribution=multi_worker worker per task slot (TensorFlow's
-# MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun or by
-# pbsdsh -n i. Slot i listens on MW_PORT + i; slot 0 is the chief.
+# MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun, by
+# aprun (LAUNCHER=aprun: a PE per slot of `placed_slots`) or by pbsdsh -n
+# i. Slot i listens on MW_PORT + i; slot 0 is the chief.
 train_sync_multi_worker() {
-  local preset=$1 plan count hosts
+  local preset=$1 plan count hosts launch
   plan=$(batch_job workers)  # How many, and their host:port list.
   mapfile -t plan <<<"$plan"
   count=${plan[0]} hosts=${plan[1]}
@@ -399,6 +429,16 @@ train_sync_multi_worker() {
     # one fails.
     step_command none "$count" --task_index "${command[@]}"
     run_job_command "${STEP[@]}"
+    return
+  fi
+  launch=$(batch_job aprun) || return
+  if [[ -n $launch ]]; then
+    # One PE per worker, its index from ALPS_APP_PE (TASK_SHELL).
+    mapfile -t launch <<<"$launch"
+    log "workers on the compute nodes: ${launch[*]}"
+    STEP_STATUS=$(batch_job step_dir)
+    run_job_command "${launch[@]}" /bin/bash -c "$TASK_SHELL" task "$REPO" \
+      "$STEP_STATUS" 1 "${command[@]}"
     return
   fi
   pbs_workers "$count" "${command[@]}"
@@ -496,15 +536,25 @@ coordinator_ended() {
 }
 
 # Starts a ps or worker server on each of the $1 task slots, given the
-# --ps_hosts $2 and --worker_hosts $3, and adds their launchers to SERVERS.
+# --ps_hosts $2 and --worker_hosts $3, and adds their launchers to SERVERS:
+# srun, one aprun (LAUNCHER=aprun: a PE per task, its index from
+# ALPS_APP_PE), else pbsdsh per slot.
 start_servers() {
-  local count=$1 i
+  local count=$1 i launch
   # The servers get everything as arguments: pbsdsh passes no environment.
   local task=("$REPO/scripts/ps_task.sh" "$PYTHON" "$REPO" "$2" "$3")
   if [[ $SCHEDULER == slurm ]]; then
     # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
     srun --ntasks="$count" --distribution=block --kill-on-bad-exit=1 \
       --mpi=none "${task[@]}" &
+    SERVERS+=($!)
+    return
+  fi
+  launch=$(batch_job aprun) || exit
+  if [[ -n $launch ]]; then
+    mapfile -t launch <<<"$launch"
+    log "ps and worker servers on the compute nodes: ${launch[*]}"
+    "${launch[@]}" "${task[@]}" &
     SERVERS+=($!)
     return
   fi

@@ -1,15 +1,15 @@
 #!/bin/bash
 # One server of the asynchronous course job (scripts/course_job.sh,
 # train_async): task INDEX of the cluster, parameter servers first, then
-# workers. srun starts it once per task (INDEX from SLURM_PROCID), pbsdsh
-# once per node-file slot (INDEX as the last argument). It serves until it
-# is killed.
+# workers. srun starts it once per task (INDEX from SLURM_PROCID), aprun
+# once per PE (from ALPS_APP_PE), pbsdsh once per node-file slot (INDEX as
+# the last argument). It serves until it is killed.
 #
 #   ps_task.sh PYTHON REPO PS_HOSTS WORKER_HOSTS [INDEX]
 set -euo pipefail
 
 python=$1 repo=$2 ps_hosts=$3 worker_hosts=$4
-index=${5:-$SLURM_PROCID}
+index=${5:-${SLURM_PROCID:-$ALPS_APP_PE}}
 IFS=, read -ra ps <<<"$ps_hosts"
 if ((index < ${#ps[@]})); then
   job=ps task=$index

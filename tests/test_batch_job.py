@@ -162,6 +162,50 @@ def test_a_launcher_of_another_scheduler_is_refused(scheduler, launcher, error):
     assert found == (None, f"sync: 1 ranks on a:1 ({launcher})", error)
 
 
+def test_aprun_starts_every_task_on_the_compute_nodes(tmp_path):
+    """LAUNCHER=aprun: a one-node task `aprun -n 1 -N 1`, the workers and
+    servers a PE each, RANKS_PER_NODE a node (the course's `-n 2 -N 1` on
+    nodes=2:ppn=16), their addresses those of ALPS's placement."""
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("a\n" * 16 + "b\n" * 16)
+    env = pbs(
+        nodefile, LAUNCHER="aprun", RANKS_PER_NODE="1", APRUN_FLAGS="-d 16"
+    )
+    assert batch_job.main(["aprun", "1"], env) == 0
+    assert batch_job._aprun(env, "1") == [
+        "aprun",
+        "-n",
+        "1",
+        "-N",
+        "1",
+        "-d",
+        "16",
+    ]
+    assert batch_job._aprun(env) == ["aprun", "-n", "2", "-N", "1", "-d", "16"]
+    assert batch_job.addresses(env, "PS_PORT") == ["a:17700", "b:17701"]
+    # Two per node: the first two slots of each.
+    env["RANKS_PER_NODE"] = "2"
+    assert batch_job.addresses(env, "MW_PORT") == [
+        "a:17700",
+        "a:17701",
+        "b:17702",
+        "b:17703",
+    ]
+    # Without LAUNCHER=aprun, nothing: the task runs in the batch shell.
+    assert batch_job._aprun(pbs(nodefile)) == []
+    assert len(batch_job.addresses(pbs(nodefile), "PS_PORT")) == 32
+
+
+def test_aprun_is_refused_under_slurm_for_every_task(capsys):
+    env = {**slurm(LAUNCHER="aprun"), "DATA_ROOT": "/"}
+    with pytest.raises(batch_job.JobError, match="^LAUNCHER=aprun is Cray"):
+        batch_job._aprun(env, "1")
+    # A task's first check says so before anything starts.
+    env.update(TRAIN_DATA="/", EVAL_DATA="/")
+    assert batch_job.main(["task", "course_cifar100"], env) == 2
+    assert "error: LAUNCHER=aprun is Cray ALPS" in capsys.readouterr().err
+
+
 def test_parameter_servers_take_the_first_slots():
     found = ["a:1", "a:2", "b:3", "b:4"]
     assert batch_job.parameter_servers(found, "1") == ("a:1", "a:2,b:3,b:4")
@@ -243,14 +287,23 @@ def test_before_the_first_checkpoint_the_run_starts_over(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "scheduler, command",
+    "scheduler, more, command",
     [
-        ("slurm", "LOG_ROOT=/r sbatch scripts/slurm/course_cifar100.sbatch"),
-        ("pbs", "qsub -v LOG_ROOT=/r scripts/pbs/course_cifar100.pbs"),
+        (
+            "slurm", {},
+            "LOG_ROOT=/r sbatch scripts/slurm/course_cifar100.sbatch",
+        ),
+        ("pbs", {}, "qsub -v LOG_ROOT=/r scripts/pbs/course_cifar100.pbs"),
+        # The Cray variant (scripts/cray_job.sh).
+        (
+            "pbs", {"JOB_SCRIPTS": "scripts/cray"},
+            "qsub -v LOG_ROOT=/r scripts/cray/course_cifar100.pbs",
+        ),
     ],
-)
-def test_the_stop_report_names_the_resume_command(scheduler, command):
-    script = batch_job.job_script("course_cifar100", scheduler)
+)  # fmt: skip
+def test_the_stop_report_names_the_resume_command(scheduler, more, command):
+    env = {"SCHEDULER": scheduler, **more}
+    script = batch_job.job_script("course_cifar100", env)
     env = {"SCHEDULER": scheduler, "RUN_DIR": "/r", "JOB_SCRIPT": script}
     stopped, resume = batch_job.stop_report(env, "TERM")
     assert stopped == (

@@ -10,11 +10,15 @@ two steps, so the very lines that would run on a cluster start real
 (`ENGINE=multi_worker`, under Slurm only) and parameter-server tasks here,
 which train and write their checkpoint and `eval.csv`.
 
-`scontrol`, `srun` and `pbsdsh` do not exist here. The tests put stand-ins
-for them on `PATH` that do what the real ones do on a one-node allocation
-(print the host list; run a command once per task with `SLURM_PROCID` set;
-run a command on node slot `-n i`). They stand in for the scheduler only:
-every training process is real.
+`scontrol`, `srun`, `pbsdsh`, Cray's `aprun` and `module` do not exist
+here. The tests put stand-ins for them on `PATH` that do what the real
+ones do on a one-node allocation (print the host list; run a command once
+per task with `SLURM_PROCID` set; run a command on node slot `-n i`; start
+`-n` PEs with `ALPS_APP_PE` set, through Open MPI's `mpirun`; record the
+modules loaded). They stand in for the scheduler only: every training
+process is real. The Cray variant's jobs (`scripts/cray/`, "cray" here)
+run under PBS's variables with a node file of two nodes of 16 slots,
+`127.0.0.1` and `127.0.0.2`, both this machine.
 
 Everything runs in a loopback-only network namespace, as the local
 launchers do, since Horovod's rendezvous and TensorFlow's gRPC servers
@@ -103,28 +107,60 @@ FAKES = {
     """,
     "aprun": """
         #!/bin/bash
-        # Stand-in for Cray ALPS's aprun -n RANKS -N PER_NODE [-d DEPTH]
-        # [-cc LIST] COMMAND on a one-node allocation: starts the ranks as
-        # the MPI launcher it is (Open MPI's mpirun here, where Cray's is
-        # MPICH), PER_NODE of them on this node. aprun passes SIGTERM on to
-        # the ranks and waits for them; here they are in the job's session,
-        # which qdel signals whole, so the stand-in's mpirun ignores it.
-        ranks="" per_node=""
+        # Stand-in for Cray ALPS's aprun -n PES -N PER_NODE [-d DEPTH]
+        # [-cc LIST] COMMAND on one machine. It refuses a placement the
+        # job's nodes cannot hold (PER_NODE x the nodes of $PBS_NODEFILE
+        # < PES), as ALPS refuses a claim beyond the reservation, and
+        # records its options, a line per call, in $HOME/aprun-calls. The
+        # PEs are started by the MPI launcher it is (Open MPI's mpirun
+        # here, where Cray's is MPICH), each with ALPS_APP_PE and without
+        # mpirun's OMPI_COMM_WORLD_* (which ALPS does not set, and which
+        # would make every PE an mpirun rank to resnet_main), and bound
+        # as ALPS binds them: each to one core at -d 1 (the default), else
+        # to its DEPTH cores, more than this machine has (so unbound).
+        # Like aprun it passes SIGTERM on to the PEs and waits for them:
+        # mpirun runs in a process group of its own, as the PEs run on
+        # compute nodes the job's signals do not reach, since on SIGTERM
+        # it would SIGKILL its ranks about a second later.
+        pes="" per_node="" bind=core options=()
         while [[ $1 == -* ]]; do
           case $1 in
-            -n) ranks=$2 ;;
+            -n) pes=$2 ;;
             -N) per_node=$2 ;;
-            -d | -cc) ;;
+            -d) ((${2} > 1)) && bind=none ;;
+            -cc) [[ $2 == none ]] && bind=none ;;
             *) echo "aprun: unknown option $1" >&2 && exit 1 ;;
           esac
+          options+=("$1" "$2")
           shift 2
         done
-        if [[ -z $ranks || -z $per_node ]]; then
-          echo "aprun: -n and -N are required" >&2 && exit 1
+        if [[ -z $pes || -z $per_node ]]; then
+          echo "aprun: -n and -N are required here" >&2 && exit 1
         fi
+        nodes=$(sort -u "$PBS_NODEFILE" | wc -l)
+        if ((per_node * nodes < pes)); then
+          echo "aprun: -n $pes -N $per_node: more than $nodes nodes" >&2
+          exit 1
+        fi
+        echo "${options[*]}" >>"$HOME/aprun-calls"
         export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-        trap '' TERM
-        exec mpirun -np "$ranks" --host "localhost:$per_node" "$@"
+        set -m
+        mpirun -np "$pes" --host "localhost:$pes" --bind-to "$bind" \\
+          /bin/bash -c 'export ALPS_APP_PE=$OMPI_COMM_WORLD_RANK
+            unset "${!OMPI_COMM_WORLD_@}" && exec "$@"' pe "$@" &
+        launcher=$!
+        set +m
+        forward() {
+          local pe
+          for pe in $(pgrep -P "$launcher"); do
+            kill -TERM -- "-$pe" 2>/dev/null || kill -TERM "$pe"
+          done
+        }
+        trap forward TERM INT
+        # wait returns early for each signal trapped.
+        while wait "$launcher"; status=$?; kill -0 "$launcher" 2>/dev/null
+        do :; done
+        exit "$status"
     """,
     "module": """
         #!/bin/bash
@@ -139,7 +175,8 @@ SMALL = "--model=resnet20 --train_steps=2 --batch_size=8 --log_every_steps=1"
 
 
 def scheduler_env(scheduler, home):
-    """What Slurm or PBS sets in a batch job of 2 tasks on localhost."""
+    """What Slurm or PBS sets in a batch job of 2 tasks on localhost (the
+    Cray variant's PBS: 2 nodes of 16)."""
     if scheduler == "slurm":
         return {
             "SLURM_JOB_ID": "4242",
@@ -155,6 +192,10 @@ def scheduler_env(scheduler, home):
         }
     nodefile = home / "nodefile"
     nodefile.write_text("localhost\nlocalhost\n")
+    if scheduler == "cray":
+        # The course's nodes=2:ppn=16: two nodes of 16 slots, both this
+        # machine (its loopback answers at every 127.x address).
+        nodefile.write_text("127.0.0.1\n" * 16 + "127.0.0.2\n" * 16)
     return {
         "PBS_JOBID": "4242.pbsserver",
         "PBS_JOBNAME": "test",
@@ -234,6 +275,24 @@ def assert_trained(log_root, text, steps=2):
     with open(log_root / "eval.csv") as stream:
         rows = list(csv.DictReader(stream))
     assert int(rows[-1]["step"]) == steps, rows
+    assert os.path.getsize(log_root / "learning_curve.png") > 0
+
+
+def needs_mpirun(scheduler):
+    """Skips a Cray job where the aprun stand-in has no mpirun."""
+    if scheduler == "cray" and not shutil.which("mpirun"):
+        pytest.skip("no mpirun (the aprun stand-in starts the PEs with it)")
+
+
+def assert_aprun(scheduler, home, text, placement):
+    """A Cray job ran `module load cray-mpich` (the Cray variant's
+    default), then its processes under one aprun of `placement`."""
+    if scheduler != "cray":
+        return
+    assert (home / "modules-loaded").read_text() == "cray-mpich\n", text
+    assert (home / "aprun-calls").read_text() == f"{placement}\n", text
+    # The job's log names it.
+    assert f"on the compute nodes: aprun {placement}" in text, text[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -251,12 +310,16 @@ def resnet18_weights(tmp_path_factory):
     return resnet18_weights_file(tmp_path_factory.mktemp("weights"))
 
 
-SCHEDULERS = ["slurm", "pbs"]
+# "cray": the PBS scripts of a Cray (scripts/cray/, LAUNCHER=aprun).
+SCHEDULERS = ["slurm", "pbs", "cray"]
 # Where the scripts train here: each Slurm script runs on the real two-node
 # Slurm of tests/test_slurm_cluster.py (CI's cluster leg), so the stand-ins
-# train with the PBS scripts (and the async Slurm job, below).
-STAND_IN = ["pbs"]
-EXTENSION = {"slurm": "sbatch", "pbs": "pbs"}
+# train with the PBS scripts: the one-node tasks with the Cray variant's
+# (under aprun; the PBS one's course_cifar100 is cancelled below), the
+# sync task with both, the async task with the Cray variant's and the
+# Slurm one's.
+STAND_IN = ["cray"]
+EXTENSION = {"slurm": "sbatch", "pbs": "pbs", "cray": "pbs"}
 TASKS = (
     "course_cifar100",
     "course_tinyimagenet",
@@ -292,6 +355,7 @@ def test_every_task_has_a_script_per_scheduler(scheduler):
 @on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_cifar100(scheduler, tmp_path, cifar100):
+    needs_mpirun(scheduler)
     code, text = run_job(
         f"course_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
         {**cifar100, "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
@@ -300,12 +364,14 @@ def test_course_cifar100(scheduler, tmp_path, cifar100):
     # The default run directory: $HOME/runs/<preset>-<job id>.
     assert_trained(tmp_path / "runs" / "course_cifar100-4242", text)
     assert "training resnet20 on cifar100" in text
+    assert_aprun(scheduler, tmp_path, text, "-n 1 -N 1 -d 16")
 
 
 @pytest.mark.slow
 @on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
+    needs_mpirun(scheduler)
     log_root = tmp_path / "tin"
     code, text = run_job(
         f"course_tinyimagenet.{EXTENSION[scheduler]}", scheduler, tmp_path,
@@ -316,12 +382,14 @@ def test_course_tinyimagenet(scheduler, tmp_path, tiny_imagenet):
     assert "on tinyimagenet" in text
     root = tiny_imagenet["DATA_ROOT"]
     assert f"reads: train {root}/tiny-imagenet-200, eval" in text
+    assert_aprun(scheduler, tmp_path, text, "-n 1 -N 1 -d 16")
 
 
 @pytest.mark.slow
 @on_newest_set
 @pytest.mark.parametrize("scheduler", STAND_IN)
 def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
+    needs_mpirun(scheduler)
     log_root = tmp_path / "r18"
     # The preset's network and weights, at 32x32 with the small-image stem
     # the weights were made for.
@@ -334,11 +402,12 @@ def test_resnet18_cifar100(scheduler, tmp_path, cifar100, resnet18_weights):
     assert code == 0, text[-4000:]
     assert_trained(log_root, text)
     assert "training resnet18 on cifar100" in text
+    assert_aprun(scheduler, tmp_path, text, "-n 1 -N 1 -d 16")
 
 
 @requires_horovod
 @pytest.mark.slow
-@pytest.mark.parametrize("scheduler", STAND_IN)
+@pytest.mark.parametrize("scheduler", ["pbs"])
 def test_course_sync_cifar100(scheduler, tmp_path, cifar100):
     log_root = tmp_path / "sync"
     code, text = run_job(
@@ -381,33 +450,41 @@ def test_a_failed_horovod_job_keeps_the_rank_exit_code_and_ends_on_its_cause(
 
 @requires_horovod
 @pytest.mark.slow
-def test_course_sync_cifar100_under_aprun(tmp_path, cifar100):
-    """LAUNCHER=aprun with MODULES: the course's `module load` then
-    `aprun -n N -N 1`, its ranks Horovod's on MPI."""
-    if not shutil.which("mpirun"):
-        pytest.skip("no mpirun (the aprun stand-in starts the ranks with it)")
+def test_course_sync_cifar100_on_a_cray(tmp_path, cifar100):
+    """The Cray variant: the course's `module load` then `aprun -n 2 -N
+    1` on nodes=2:ppn=16, its ranks Horovod's on MPI."""
+    needs_mpirun("cray")
     log_root = tmp_path / "sync"
     code, text = run_job(
-        "course_sync_cifar100.pbs", "pbs", tmp_path,
+        "course_sync_cifar100.pbs", "cray", tmp_path,
         {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL,
-         "LAUNCHER": "aprun", "MODULES": "cray-mpich",
          "APRUN_FLAGS": "-d 1"},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert (tmp_path / "modules-loaded").read_text() == "cray-mpich\n"
     assert "modules loaded: cray-mpich" in text
-    assert "2 ranks on localhost:2 (aprun)" in text, text[-4000:]
+    assert "2 ranks on 127.0.0.1:1,127.0.0.2:1 (aprun)" in text, text[-4000:]
     # aprun's ranks are one Horovod job of two processes.
     assert text.count("distribution horovod") == 2, text[-4000:]
     assert "over 2 replica(s) (horovod)" in text, text[-4000:]
     assert_trained(log_root, text)
+    assert_aprun("cray", tmp_path, text, "-n 2 -N 1 -d 1")
 
 
 @pytest.mark.slow
 @on_newest_set
-@pytest.mark.parametrize("scheduler", STAND_IN)
-def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
-    """ENGINE=multi_worker: srun/pbsdsh start the workers; no Horovod."""
+@pytest.mark.parametrize(
+    "scheduler, workers",
+    [
+        ("pbs", "localhost:14200,localhost:14201"),
+        ("cray", "127.0.0.1:14200,127.0.0.2:14201"),
+    ],
+)
+def test_course_sync_cifar100_on_multi_worker(
+    scheduler, workers, tmp_path, cifar100
+):
+    """ENGINE=multi_worker: pbsdsh (aprun on a Cray) starts the workers;
+    no Horovod."""
+    needs_mpirun(scheduler)
     log_root = tmp_path / "sync_mw"
     code, text = run_job(
         f"course_sync_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
@@ -415,12 +492,13 @@ def test_course_sync_cifar100_on_multi_worker(scheduler, tmp_path, cifar100):
          "EXTRA_FLAGS": f"{SMALL} --eval_batch_count=1"},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "2 multi_worker workers at localhost:14200,localhost:14201" in text
-    # Both workers started, each with its own --task_index from SLURM_PROCID.
+    assert f"2 multi_worker workers at {workers}" in text
+    # Both workers started, each with its own --task_index.
     assert text.count("distribution multi_worker") == 2, text[-4000:]
     assert "horovodrun" not in text, text[-4000:]
     assert_trained(log_root, text)
     assert "processes left after the job" not in text
+    assert_aprun(scheduler, tmp_path, text, "-n 2 -N 1 -d 16")
 
 
 @pytest.mark.parametrize(
@@ -497,15 +575,23 @@ def test_sync_job_refuses_what_it_cannot_run(tmp_path, cifar100, env, error):
 
 @pytest.mark.slow
 @on_newest_set
-@pytest.mark.parametrize("scheduler", ["slurm"])
-def test_course_async_cifar100(scheduler, tmp_path, cifar100):
+@pytest.mark.parametrize(
+    "scheduler, servers",
+    [
+        ("slurm", "ps localhost:14200, workers localhost:14201"),
+        # A node each: the course's -N 1.
+        ("cray", "ps 127.0.0.1:14200, workers 127.0.0.2:14201"),
+    ],
+)
+def test_course_async_cifar100(scheduler, servers, tmp_path, cifar100):
+    needs_mpirun(scheduler)
     log_root = tmp_path / "async"
     code, text = run_job(
         f"course_async_cifar100.{EXTENSION[scheduler]}", scheduler, tmp_path,
         {**cifar100, "LOG_ROOT": str(log_root), "EXTRA_FLAGS": SMALL},
     )  # fmt: skip
     assert code == 0, text[-4000:]
-    assert "ps localhost:14200, workers localhost:14201" in text
+    assert servers in text
     assert "steps run per worker: [2]" in text
     assert_trained(log_root, text)
     # TensorFlow's C++ server lines (absl's, which TF_CPP_MIN_LOG_LEVEL
@@ -514,6 +600,7 @@ def test_course_async_cifar100(scheduler, tmp_path, cifar100):
     assert "absl::InitializeLog" not in text, text
     # The script stopped the servers it started.
     assert "processes left after the job" not in text
+    assert_aprun(scheduler, tmp_path, text, "-n 2 -N 1 -d 16")
 
 
 def _session_processes(session):
@@ -578,7 +665,8 @@ def test_async_job_ends_when_a_worker_is_lost(tmp_path, cifar100):
     assert "processes left after the job" not in text
 
 
-# qdel, as PBS does it: SIGTERM to every process of the job's session.
+# qdel: SIGTERM to the job's process group (PBS signals the job's session
+# on its first node; aprun's PEs, on compute nodes, only get aprun's).
 CANCELLED_JOBS = [
     pytest.param("course_cifar100.pbs", {}, marks=on_newest_set, id="single"),
     pytest.param(
@@ -639,10 +727,13 @@ def test_a_cancelled_job_ends_with_its_step_checkpoint_and_resume_command(
     )
     step = newest.rpartition("-")[2]
     assert os.path.exists(log_root / f"ckpt-{step}.index"), text[-4000:]
-    # Those lines may be lost on the way (the aprun stand-in's mpirun ends
-    # its output on SIGTERM); those that arrive agree.
+    # Those lines may be lost on the way (a launcher may end its ranks'
+    # output on SIGTERM); those that arrive agree. aprun's ranks are not
+    # killed before they say it: it passes SIGTERM on and waits.
     stops = re.findall(r"resnet_main: stopped: SIGTERM at step (\d+)", text)
     assert set(stops) <= {step}, text[-4000:]
+    if "LAUNCHER" in env:
+        assert stops == [step, step], text[-4000:]
     job_lines = [
         x for x in text.splitlines() if x and not x.startswith("[test]")
     ]

@@ -240,3 +240,50 @@ def test_the_async_preset_alone_is_refused_with_its_launcher(
     assert "none started this one; on this machine: " in line
     assert "-m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- " in line
     assert not log_root.exists()
+
+
+@pytest.mark.parametrize(
+    "cray_mpich, mpi, options",
+    [
+        # Cray's wrapper with cray-mpich loaded: the wrappers compile,
+        # linking dynamically.
+        (
+            "/opt/cray/pe/mpich/8.1.4/ofi/gnu/9.1", "cray",
+            "CC=cc CXX=CC CRAYPE_LINK_TYPE=dynamic HOROVOD_WITH_MPI=1",
+        ),
+        # The wrapper without the module: no MPI to build with.
+        ("", "", "HOROVOD_WITH_MPI=1"),
+    ],
+)  # fmt: skip
+def test_setup_finds_crays_mpi_through_its_compiler_wrapper(
+    tmp_path, cray_mpich, mpi, options
+):
+    """What setup.sh decides for Horovod's build under a stand-in `CC`
+    (and an `mpicxx` that fails, hiding a real one), without building."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, code in (("CC", 0), ("mpicxx", 127)):
+        (bin_dir / name).write_text(f"#!/bin/sh\nexit {code}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "CRAY_MPICH_DIR": cray_mpich,
+        "TF_RESNET_CACHE": str(tmp_path / "cache"),
+    }
+    script = (
+        'source ./setup.sh && echo "$(horovod_flavour) $(mpi_for_horovod)" '
+        "&& mpi_build_options | xargs"
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    flavour = "mpi-gloo" if mpi else "gloo"
+    assert proc.stdout.splitlines() == [f"{flavour} {mpi}", options]
+    if mpi:
+        assert f"MPI: Cray MPICH ({cray_mpich}) through the compiler " in (
+            proc.stderr
+        )
+    assert not os.path.exists(tmp_path / "cache")

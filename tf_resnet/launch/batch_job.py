@@ -46,6 +46,9 @@ LOST_PEER = 4
 BAD_INPUT = 2
 # The variables that point a task at its data elsewhere.
 DATA_VARIABLES = "DATA_ROOT, or TRAIN_DATA and EVAL_DATA"
+APRUN_UNDER_SLURM = (
+    "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun"
+)
 
 
 class JobError(Exception):
@@ -135,20 +138,59 @@ def horovod_hosts(slots):
     return ",".join(f"{host}:{n}" for host, n in counts.items())
 
 
+def aprun_slots(slots, ranks_per_node=""):
+    """`(hosts, per_node, depth)` of the PEs `aprun -N per_node` starts.
+
+    ALPS places PEs node by node, `per_node` on each node of the job
+    (RANKS_PER_NODE, default: the first node's task slots), so the
+    course's `aprun -n 2 -N 1` on `nodes=2:ppn=16` is RANKS_PER_NODE=1:
+    its two PEs are the first slot of each node. `depth` is the node's
+    slots each PE gets (aprun's -d): ALPS binds a PE to that many CPUs, by
+    default one, where TensorFlow's threads would share one core (a
+    parameter-server worker so bound all but stalls).
+    """
+    nodes = [(host, len(list(run))) for host, run in itertools.groupby(slots)]
+    per_node = int(ranks_per_node) if ranks_per_node else nodes[0][1]
+    hosts = [host for host, _ in nodes for _ in range(per_node)]
+    return hosts, per_node, max(1, nodes[0][1] // per_node)
+
+
+def placed_slots(env):
+    """The host of each task, in task order, as the launcher places them.
+
+    A task slot each, or under LAUNCHER=aprun ALPS's PEs (`aprun_slots`).
+    """
+    slots = job_slots(env)
+    if value(env, "LAUNCHER") == "aprun":
+        return aprun_slots(slots, value(env, "RANKS_PER_NODE"))[0]
+    return slots
+
+
 def horovod_plan(slots, launcher, ranks_per_node=""):
     """`(ranks, hosts, per_node)` of a Horovod job step.
 
     One rank per task slot; under aprun (Cray ALPS), `aprun -n ranks -N
-    per_node` places RANKS_PER_NODE ranks on each node (default: the first
-    node's slots), so the course's `aprun -n 2 -N 1` on `nodes=2:ppn=16`
-    is RANKS_PER_NODE=1. `per_node` is "" for the other launchers.
+    per_node` places RANKS_PER_NODE ranks on each node (`aprun_slots`).
+    `per_node` is "" for the other launchers.
     """
     if launcher != "aprun":
         return len(slots), horovod_hosts(slots), ""
-    nodes = [(host, len(list(run))) for host, run in itertools.groupby(slots)]
-    per_node = int(ranks_per_node) if ranks_per_node else nodes[0][1]
-    hosts = ",".join(f"{host}:{per_node}" for host, _ in nodes)
-    return len(nodes) * per_node, hosts, str(per_node)
+    hosts, per_node, _ = aprun_slots(slots, ranks_per_node)
+    return len(hosts), horovod_hosts(hosts), str(per_node)
+
+
+def aprun_argv(env, pes, per_node, depth):
+    """`aprun -n PES -N PER_NODE -d DEPTH $APRUN_FLAGS`, before a command.
+
+    What starts a task's processes on the compute nodes of a Cray, whose
+    batch shell runs on a service node that only aprun leaves. `-d` is
+    `aprun_slots`' depth unless APRUN_FLAGS gives one.
+    """
+    flags = value(env, "APRUN_FLAGS").split()
+    argv = ["aprun", "-n", str(pes), "-N", str(per_node)]
+    if "-d" not in flags:
+        argv += ["-d", str(depth)]
+    return argv + flags
 
 
 def horovod_launcher(env, preset, slots):
@@ -191,13 +233,10 @@ def horovod_launcher(env, preset, slots):
         if scheduler == "pbs":
             argv += ["-hostfile", env["PBS_NODEFILE"]]
     elif launcher == "aprun":
-        argv = ["aprun", "-n", str(ranks), "-N", per_node]
-        argv += value(env, "APRUN_FLAGS").split()
         if scheduler != "pbs":
-            error = (
-                "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun"
-            )
-            return None, line, error
+            return None, line, APRUN_UNDER_SLURM
+        depth = aprun_slots(slots, value(env, "RANKS_PER_NODE"))[2]
+        argv = aprun_argv(env, ranks, per_node, depth)
     else:
         error = (
             f"LAUNCHER={launcher}: expected horovodrun, srun, mpirun or aprun"
@@ -212,10 +251,13 @@ def slot_addresses(slots, port):
 
 
 def addresses(env, port_variable):
-    """The task slots' addresses, from `port_variable` or the job's port."""
+    """The tasks' addresses, from `port_variable` or the job's port.
+
+    A task each of `placed_slots`, in task order.
+    """
     port = value(env, port_variable)
     port = int(port) if port else job_port(env)
-    return slot_addresses(job_slots(env), port)
+    return slot_addresses(placed_slots(env), port)
 
 
 def parameter_servers(addresses_, num_ps):
@@ -272,10 +314,16 @@ def run_dir(preset, env):
     return directory
 
 
-def job_script(preset, scheduler):
-    """The script that submits the task again, from the repository."""
+def job_script(preset, env):
+    """The script that submits the task again, from the repository.
+
+    In JOB_SCRIPTS (the Cray variant's scripts/cray), else in the
+    scheduler's folder.
+    """
+    scheduler = env["SCHEDULER"]
     extension = "pbs" if scheduler == "pbs" else "sbatch"
-    return f"scripts/{scheduler}/{preset}.{extension}"
+    folder = value(env, "JOB_SCRIPTS", f"scripts/{scheduler}")
+    return f"{folder}/{preset}.{extension}"
 
 
 def task_flags(preset, env, directory):
@@ -478,8 +526,10 @@ def _task(env, preset):
     log(first)
     if errors:
         raise JobError(errors[0])
+    if value(env, "LAUNCHER") == "aprun" and env["SCHEDULER"] != "pbs":
+        raise JobError(APRUN_UNDER_SLURM)
     directory = run_dir(preset, env)
-    script = job_script(preset, env["SCHEDULER"])
+    script = job_script(preset, env)
     return [directory, script, *task_flags(preset, env, directory)]
 
 
@@ -504,6 +554,24 @@ def _launcher(env, preset):
     if error:
         raise JobError(error)
     return argv
+
+
+def _aprun(env, pes=""):
+    """The aprun arguments before a task's command, a line each.
+
+    None but under LAUNCHER=aprun. `pes` 1: one process on one node (the
+    one-node tasks); else a PE per task (`placed_slots`), as the servers
+    and workers take their addresses.
+    """
+    if value(env, "LAUNCHER") != "aprun":
+        return []
+    if env["SCHEDULER"] != "pbs":
+        raise JobError(APRUN_UNDER_SLURM)
+    slots = job_slots(env)
+    if pes == "1":  # The whole node.
+        return aprun_argv(env, 1, 1, aprun_slots(slots, "1")[2])
+    hosts, per_node, depth = aprun_slots(slots, value(env, "RANKS_PER_NODE"))
+    return aprun_argv(env, len(hosts), per_node, depth)
 
 
 def _workers(env):
@@ -552,6 +620,7 @@ SUBCOMMANDS = {
     "horovod_hosts": lambda env: [horovod_hosts(job_slots(env))],
     "horovod": _horovod,  # ranks, -H hosts, aprun's per node
     "launcher": _launcher,  # PRESET: a Horovod step's launcher arguments
+    "aprun": _aprun,  # [1]: aprun's arguments (LAUNCHER=aprun), else none
     "workers": _workers,  # count, multi_worker's --worker_hosts
     "servers": _servers,  # count, --ps_hosts, --worker_hosts
     "port": lambda env: [str(job_port(env))],
