@@ -33,6 +33,7 @@ from tf_resnet import (
     evaluation,
     log_root_lock,
     param_groups,
+    peer_watch,
     schedules,
     summaries,
 )
@@ -43,7 +44,7 @@ from tf_resnet.builders import (
     make_ema,
     plan_run,
 )
-from tf_resnet.checkpointing import RunCheckpoints, check_writable
+from tf_resnet.checkpointing import RunCheckpoints, check_writable, first_line
 from tf_resnet.config import layers as config_lib
 from tf_resnet.config import settings
 from tf_resnet.distribute.base import TrainState
@@ -61,6 +62,21 @@ class TrainingInterrupted(Exception):
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class PeerLost(RuntimeError):
+    """A task of the run's cluster is gone; the message is the line to say.
+
+    Raised for the errors the engine ends a lost peer's collectives with
+    (`LOST_TASK_ERRORS`); a silent peer that the engine waits on without
+    end is `peer_watch`'s to end.
+    """
+
+
+# The errors of a collective whose peer is gone: a closed connection, a
+# timed-out collective (multi_worker's CommunicationOptions) or the
+# coordination service's heartbeat.
+LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def make_replica_fn(model, optimizer, distributor, config, ema=None):
@@ -256,8 +272,10 @@ class _Progress:
         start_step,
         rate_fn,
         every_secs,
+        watch,
     ):
         self.distributor = distributor
+        self.watch = watch
         self.plan = plan
         self.writer = writer
         self.checkpoints = checkpoints
@@ -302,12 +320,16 @@ class _Progress:
         """Leaves the time of the block out of the next line's rate.
 
         An evaluation or a save in the interval would otherwise lower its
-        images/sec and stretch its ETA.
+        images/sec and stretch its ETA. Its start and end are progress for
+        the peer watch: the bound is on the block, not on it with the
+        steps before it.
         """
         started = time.time()
+        self.watch.mark()
         try:
             yield
         finally:
+            self.watch.mark()
             step, since = self.interval_start
             self.interval_start = (step, since + time.time() - started)
 
@@ -425,6 +447,9 @@ def train(config, distributor):
     Raises:
       TrainingInterrupted: a process of the run got a stop signal; every
         process stopped at the same step, whose checkpoint is written.
+      PeerLost: the engine failed a collective for a peer that is gone.
+      (A peer silent for `--peer_timeout_secs` ends the process: there is
+      no exception to raise in a thread stuck in a collective.)
     """
     # Refused before anything is read or written (`make_replica_fn` is
     # made at the first step).
@@ -436,15 +461,26 @@ def train(config, distributor):
     # that fails on its data leaves no config.json for the next to take.
     eval_split = data.split_of(config, training=False)
     plan = plan_run(config, split)
-    with contextlib.ExitStack() as held:
-        _start_together(config.run.log_root, distributor, held)
-        result, interrupted = _train(
-            config, distributor, plan, split, eval_split
-        )
-    # Only now that the run's input iterator is released (deleting one of
-    # MultiWorkerMirroredStrategy needs every worker still there); after an
-    # agreed stop too, so no process leaves while the chief still saves.
-    distributor.end_of_run()
+    watch = peer_watch.PeerWatch(
+        config.distribution.peer_timeout_secs,
+        distributor.peers(),
+        config.run.log_root,
+    )
+    try:
+        with watch:
+            with contextlib.ExitStack() as held:
+                _start_together(config.run.log_root, distributor, held)
+                watch.mark()
+                result, interrupted = _train(
+                    config, distributor, plan, split, eval_split, watch
+                )
+            # Only now that the run's input iterator is released (deleting
+            # one of MultiWorkerMirroredStrategy needs every worker still
+            # there); after an agreed stop too, so no process leaves while
+            # the chief still saves.
+            distributor.end_of_run()
+    except LOST_TASK_ERRORS as error:
+        raise PeerLost(watch.line(first_line(error))) from error
     if interrupted:
         raise interrupted
     return result
@@ -485,7 +521,7 @@ def _start_together(log_root, distributor, held):
         )
 
 
-def _train(config, distributor, plan, split, eval_split):
+def _train(config, distributor, plan, split, eval_split, watch):
     run = config.run
     keras.utils.set_random_seed(run.seed)
     model = build_model(config, distributor, split)
@@ -502,6 +538,7 @@ def _train(config, distributor, plan, split, eval_split):
         summaries.write_hparams(run.log_root, settings.flatten(config))
     distributor.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
+    watch.mark(step)
     if restored:  # Each process's: one that resumed elsewhere would show.
         logging.info("resumed from %s at step %d", restored, step)
     if distributor.is_chief:  # The job's line; the others' would repeat it.
@@ -539,6 +576,7 @@ def _train(config, distributor, plan, split, eval_split):
         step,
         lambda: float(optimizer.learning_rate.numpy()),
         run.log_every_secs,
+        watch,
     )
     run_until = plan.total_steps
     if run.steps_per_run:
@@ -553,6 +591,7 @@ def _train(config, distributor, plan, split, eval_split):
         while step < run_until:
             progress.add(train_step(step, iterator))
             step += 1
+            watch.mark(step)
             distributor.after_step(step, state)
             pause = step == run_until  # End of this run, maybe not of training.
             if step % run.log_every_steps == 0 or pause or progress.due():
@@ -577,7 +616,8 @@ def _train(config, distributor, plan, split, eval_split):
             ) and distributor.any_process_stopping(stop.received is not None):
                 progress.log(step)
                 if saved_at != step:
-                    checkpoints.save(step)
+                    with progress.paused():
+                        checkpoints.save(step)
                 interrupted = _interruption(
                     stop.received, step, distributor, checkpoints
                 )

@@ -272,11 +272,16 @@ class DistributionConfig:
         "--worker_hosts; 0 is the chief).",
         bounds=NON_NEGATIVE,
     )
-    collective_timeout_secs: float = setting(
+    peer_timeout_secs: float = setting(
         300.0,
-        "--distribution=multi_worker: how long one all-reduce may wait for "
-        "the other workers before this one fails (a dead peer must not hang "
-        "the job; raise it if the first step compiles for longer).",
+        "How long a process of a multi-process run (horovod, averaging, "
+        "multi_worker, parameter_server's coordinator) waits for its peers "
+        "before it ends with exit code 4, naming the step, the peer and "
+        "the checkpoint the same command resumes from: a lost node, a cut "
+        "link or a frozen peer then ends the run instead of hanging it. "
+        "Time without a finished step counts, so it must exceed the "
+        "longest pause a peer can cause: the first step's compilation, a "
+        "checkpoint save, an evaluation (docs/reliability.md).",
         bounds=POSITIVE,
     )
     gradient_compression: str = setting(

@@ -29,6 +29,19 @@ from tf_resnet import schedules
 PEERS_STOP_CHECK_EVERY_STEPS = 10
 
 
+def name_peers(kind, index, places):
+    """`rank 1 on node2, rank 2 on node3`: every process but `index`.
+
+    Args:
+      kind: what a process is called (`rank`, `worker`).
+      index: this process's index in `places`.
+      places: where each process runs (its host, or host:port).
+    """
+    return ", ".join(
+        f"{kind} {i} on {place}" for i, place in enumerate(places) if i != index
+    )
+
+
 @dataclasses.dataclass
 class TrainState:
     """What training changes, handed to the distributor as one object.
@@ -198,6 +211,15 @@ class Distributor:
         their own BatchNorm moving statistics average them here, so replicas
         never disagree in accuracy.
         """
+
+    def peers(self):
+        """Who this process waits on, in words, or "" for no one.
+
+        For the line of a process that lost its peers (`peer_watch`); the
+        training loop watches only a process that has some. Every process
+        of the run calls it at the same point (it may be a collective).
+        """
+        return ""
 
     def checkpoint_dir(self, log_root):
         """Where this process writes a checkpoint; None: it writes none.

@@ -22,6 +22,7 @@ it is the only place that knows about this.
 """
 
 import os
+import socket
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -163,6 +164,13 @@ class HorovodDistributor(base.Distributor):
         flag = tf.constant([1.0 if stopping else 0.0], tf.float32)
         total = hvd.allreduce(flag, op=hvd.Sum, name="any_process_stopping")
         return bool(total.numpy()[0] > 0)
+
+    def peers(self):
+        """The other ranks and their hosts (one gather of the host names)."""
+        if hvd.size() == 1:
+            return ""
+        hosts = hvd.allgather_object(socket.gethostname(), name="peers")
+        return base.name_peers("rank", hvd.rank(), hosts)
 
     def end_of_run(self):
         """Waits until every rank got here, rank 0 with its checkpoint saved.

@@ -281,6 +281,14 @@ class ParameterServerDistributor(base.Distributor):
         del state
         self.coordinator.join()
 
+    def peers(self):
+        """The parameter servers and workers, with their addresses."""
+        spec = self.strategy.cluster_resolver.cluster_spec().as_dict()
+        return ", ".join(
+            base.name_peers(job, -1, spec.get(job, []))
+            for job in ("ps", "worker")
+        )
+
     def steps_per_worker(self):
         """Training steps each worker has run so far (numpy int64 array)."""
         if self._worker_steps is None:
