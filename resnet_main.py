@@ -42,6 +42,7 @@ from tf_resnet import (  # noqa: E402
 )
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.config import flags as resnet_flags  # noqa: E402
+from tf_resnet.distribute.base import LOST_TASK_ERRORS  # noqa: E402
 from tf_resnet.distributors import make_distributor, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
@@ -108,7 +109,7 @@ def run(argv):
         # variables are lost, so only a restart from the checkpoint helps.
         print(error, file=sys.stderr)
         return peer_watch.LOST_PEER
-    except train_loop.LOST_TASK_ERRORS as error:  # Outside training.
+    except LOST_TASK_ERRORS as error:  # Outside training.
         print(
             peer_watch.lost_peer_line(
                 None, "its peers", FLAGS.log_root, first_line(error)

@@ -54,6 +54,13 @@ class Nodes:
         self.bin = tempfile.mkdtemp(prefix="tfr_nodes_")
 
     def __enter__(self):
+        try:
+            return self._make()
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def _make(self):
         for node in ADDRESSES:
             holder = subprocess.Popen(
                 ["unshare", "--net", "--pid", "--uts", "--mount", "--fork",

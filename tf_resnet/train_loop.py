@@ -44,7 +44,7 @@ from tf_resnet.builders import (
     make_ema,
     plan_run,
 )
-from tf_resnet.checkpointing import RunCheckpoints, check_writable, first_line
+from tf_resnet.checkpointing import RunCheckpoints, check_writable
 from tf_resnet.config import layers as config_lib
 from tf_resnet.config import settings
 from tf_resnet.distribute.base import TrainState
@@ -68,15 +68,9 @@ class PeerLost(RuntimeError):
     """A task of the run's cluster is gone; the message is the line to say.
 
     Raised for the errors the engine ends a lost peer's collectives with
-    (`LOST_TASK_ERRORS`); a silent peer that the engine waits on without
-    end is `peer_watch`'s to end.
+    (`Distributor.lost_peer`); a silent peer that the engine waits on
+    without end is `peer_watch`'s to end.
     """
-
-
-# The errors of a collective whose peer is gone: a closed connection, a
-# timed-out collective (multi_worker's CommunicationOptions) or the
-# coordination service's heartbeat.
-LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def make_replica_fn(model, optimizer, distributor, config, ema=None):
@@ -479,8 +473,11 @@ def train(config, distributor):
             # there); after an agreed stop too, so no process leaves while
             # the chief still saves.
             distributor.end_of_run()
-    except LOST_TASK_ERRORS as error:
-        raise PeerLost(watch.line(first_line(error))) from error
+    except tf.errors.OpError as error:
+        lost = distributor.lost_peer(error)
+        if not lost:
+            raise
+        raise PeerLost(watch.line(lost)) from error
     if interrupted:
         raise interrupted
     return result
