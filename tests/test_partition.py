@@ -25,15 +25,55 @@ import time
 import pytest
 
 from tests import engine_runs, two_nodes
-from tests.helpers import ROOT, requires_horovod, resnet8_flags
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    requires_horovod,
+    resnet8_flags,
+)
 
 BOUND = 20
 WORKER = engine_runs.WORKER
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(bool(two_nodes.usable()), reason=two_nodes.usable()),
-]
+# Two namespace nodes need root and the tools.
+on_two_nodes = pytest.mark.skipif(
+    bool(two_nodes.usable()), reason=two_nodes.usable()
+)
+
+SILENT = """
+import sys, time
+from tf_resnet import peer_watch
+bound, log_root, steps = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+with peer_watch.PeerWatch(bound, "rank 1 on node2", log_root) as watch:
+    watch.mark(7)
+    for step in range(8, 8 + steps):  # Steps of 0.2 s: progress.
+        time.sleep(0.2)
+        watch.mark(step)
+    time.sleep(60)  # A collective that never returns.
+"""
+
+
+def test_the_watch_ends_a_silent_process_with_its_line(tmp_path):
+    # A checkpoint index as TensorFlow writes it, after the files.
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", SILENT, "1", str(tmp_path), "10"],
+        capture_output=True, text=True, timeout=30, cwd=ROOT,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 4, result.stderr
+    # 10 steps of 0.2 s kept it alive past its 1 s bound; then 1 s of
+    # silence ended it, within a tenth of the bound.
+    assert 3 <= took < 6, took
+    assert result.stderr.splitlines()[-1] == (
+        "resnet_main: error: lost a task of the training cluster after "
+        "step 17 (no progress for 1 s, beyond --peer_timeout_secs=1: a peer "
+        "is gone, cut off or frozen; waiting on rank 1 on node2); the "
+        f"newest complete checkpoint is {tmp_path}/ckpt-10, which the same "
+        "command resumes from (a batch job requeues itself on this exit "
+        "code, 4)"
+    )
 
 
 @pytest.fixture
@@ -100,6 +140,8 @@ def assert_resumes(nodes, synthetic_cifar, log_root, checkpoint):
     )
 
 
+@pytest.mark.slow
+@on_two_nodes
 @requires_horovod
 def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     nodes, synthetic_cifar, tmp_path
@@ -135,6 +177,11 @@ def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     assert_resumes(nodes, synthetic_cifar, log_root, found[3])
 
 
+# TensorFlow's collectives' doing (on CI's newest set, as the helpers
+# say of multi_worker scenarios); Horovod's runs on the pinned set.
+@pytest.mark.slow
+@on_two_nodes
+@on_newest_set
 def test_a_cut_link_ends_a_multi_worker_within_the_bound(
     nodes, synthetic_cifar, tmp_path
 ):

@@ -6,9 +6,10 @@ nothing at all, and what then ends the wait depends on the engine: Gloo's
 timeout (`HOROVOD_GLOO_TIMEOUT_SECONDS`, 30 s by default) under
 horovodrun, TensorFlow's coordination service and collective timeout under
 `multi_worker`, nothing under Horovod on MPI (`mpirun`, `srun --mpi`): its
-ranks wait in the all-reduce until the job is killed. Horovod's stall
-inspector does not help there: it runs in the coordinator's negotiation,
-which is what waits on the lost rank.
+ranks wait in the all-reduce until the job is killed (Horovod's stall
+inspector watches tensors some ranks submitted and others not, from the
+coordinator's negotiation, which is itself a collective with the lost
+rank).
 
 `PeerWatch` is the bound every engine gets (`--peer_timeout_secs`): a thread
 that ends the process with `LOST_PEER` (the exit code of a lost task, which

@@ -274,14 +274,16 @@ class DistributionConfig:
     )
     peer_timeout_secs: float = setting(
         300.0,
-        "How long a process of a multi-process run (horovod, averaging, "
+        "Seconds a process of a multi-process run (horovod, averaging, "
         "multi_worker, parameter_server's coordinator) waits for its peers "
-        "before it ends with exit code 4, naming the step, the peer and "
-        "the checkpoint the same command resumes from: a lost node, a cut "
-        "link or a frozen peer then ends the run instead of hanging it. "
-        "Time without a finished step counts, so it must exceed the "
-        "longest pause a peer can cause: the first step's compilation, a "
-        "checkpoint save, an evaluation (docs/reliability.md).",
+        "before it ends with exit code 4 (which the batch jobs requeue), "
+        "naming the step, the peers and the checkpoint the same command "
+        "resumes from: a lost node, a cut link or a frozen peer ends the "
+        "run instead of hanging it. It bounds every stretch between two "
+        "steps, so it must exceed the first step's compilation, an "
+        "evaluation and a checkpoint save, a peer's included "
+        "(docs/reliability.md). multi_worker's collectives time out at it "
+        "too.",
         bounds=POSITIVE,
     )
     gradient_compression: str = setting(
