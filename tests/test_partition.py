@@ -41,7 +41,7 @@ on_two_nodes = pytest.mark.skipif(
 )
 
 SILENT = """
-import sys, time
+import ctypes, sys, time
 from tf_resnet import peer_watch
 bound, log_root, steps = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 with peer_watch.PeerWatch(bound, "rank 1 on node2", log_root) as watch:
@@ -49,7 +49,9 @@ with peer_watch.PeerWatch(bound, "rank 1 on node2", log_root) as watch:
     for step in range(8, 8 + steps):  # Steps of 0.2 s: progress.
         time.sleep(0.2)
         watch.mark(step)
-    time.sleep(60)  # A collective that never returns.
+    # A collective that never returns, holding the GIL as TensorFlow's
+    # remote function registration does (a PyDLL call keeps it).
+    ctypes.PyDLL(None).sleep(60)
 """
 
 
@@ -64,12 +66,12 @@ def test_the_watch_ends_a_silent_process_with_its_line(tmp_path):
     took = time.monotonic() - started
     assert result.returncode == 4, result.stderr
     # 10 steps of 0.2 s kept it alive past its 1 s bound; then 1 s of
-    # silence ended it, within a tenth of the bound.
+    # silence ended it.
     assert 3 <= took < 6, took
     assert result.stderr.splitlines()[-1] == (
         "resnet_main: error: lost a task of the training cluster after "
-        "step 17 (no progress for 1 s, beyond --peer_timeout_secs=1: a peer "
-        "is gone, cut off or frozen; waiting on rank 1 on node2); the "
+        "step 17 (no step, evaluation or save for --peer_timeout_secs=1 s: "
+        "a peer is gone, cut off or frozen; waiting on rank 1 on node2); the "
         f"newest complete checkpoint is {tmp_path}/ckpt-10, which the same "
         "command resumes from (a batch job requeues itself on this exit "
         "code, 4)"

@@ -11,8 +11,8 @@ inspector watches tensors some ranks submitted and others not, from the
 coordinator's negotiation, which is itself a collective with the lost
 rank).
 
-`PeerWatch` is the bound every engine gets (`--peer_timeout_secs`): a thread
-that ends the process with `LOST_PEER` (the exit code of a lost task, which
+`PeerWatch` is the bound every engine gets (`--peer_timeout_secs`): it
+ends the process with `LOST_PEER` (the exit code of a lost task, which
 the batch jobs requeue on) when no progress was marked for that long. The
 training loop marks progress at every finished step, and before and after
 each evaluation and checkpoint save, so the bound is on the longest
@@ -20,16 +20,16 @@ stretch between two marks: a step (the first one compiles), an evaluation,
 a save, or the wait for a peer in one of them (a peer's save, its slower
 start). Its last words are one line, the same as a lost-peer error's that
 the engine raised itself (`lost_peer_line`): the step, the peers, the
-newest complete checkpoint on disk and the command that resumes it.
+newest complete checkpoint on disk and that the same command resumes.
 
-It ends the process with `os._exit`: the thread that waits on the peers is
-in a collective that neither Python nor TensorFlow can interrupt.
+The end comes from the C library, not from Python (`_ExitTimers`): the
+thread that waits on the peers is in a collective that neither Python nor
+TensorFlow can interrupt, and may hold the GIL while it waits.
 """
 
+import ctypes
 import os
 import re
-import threading
-import time
 
 # resnet_main.py's exit code of a lost peer (a task of the cluster gone or
 # silent): the batch jobs requeue the job on it (tf_resnet/launch/batch_job.py).
@@ -64,8 +64,11 @@ def lost_peer_line(step, peers, log_root, what):
       log_root: the run directory, where the checkpoint is.
       what: how the loss showed: the engine's error, or the bound.
     """
+    return _line(step, peers, newest_checkpoint(log_root), what)
+
+
+def _line(step, peers, checkpoint, what):
     at = "" if step is None else f" after step {step}"
-    checkpoint = newest_checkpoint(log_root)
     resume = (
         f"the newest complete checkpoint is {checkpoint}, which the same "
         "command resumes from"
@@ -84,7 +87,15 @@ class PeerWatch:
 
     Use as a context manager around the part of the run that waits on
     peers; `mark(step)` at each point of progress. `peers` empty: a
-    process without peers, which is not watched (no thread).
+    process without peers, which is not watched.
+
+    The end is two POSIX timers whose expiry runs a C function in a
+    thread of its own (`SIGEV_THREAD`): `warnx` of the line, then `_exit`
+    with `LOST_PEER`. No Python runs then, so a thread that waits on the
+    peers while holding the GIL (TensorFlow does, registering a function
+    on a remote worker of a parameter-server cluster) cannot stop it, as
+    it would a Python thread. Each mark pushes both back and rewrites the
+    line (a few microseconds).
     """
 
     def __init__(self, bound_secs, peers, log_root):
@@ -92,48 +103,130 @@ class PeerWatch:
         self.peers = peers
         self.log_root = log_root
         self.step = None
-        self._last = time.monotonic()
-        self._done = threading.Event()
-        self._thread = None
+        self._checkpoint = None
+        self._timers = None
 
     def mark(self, step=None):
-        """Progress: the bound starts again (`step`: the step finished)."""
-        if step is not None:
+        """Progress: the bound starts again (`step`: the step finished).
+
+        A mark without a step (around an evaluation or a save) also reads
+        the newest checkpoint, which only a save changes.
+        """
+        if step is None:
+            self._checkpoint = newest_checkpoint(self.log_root)
+        else:
             self.step = step
-        self._last = time.monotonic()
+        if self._timers is not None:
+            self._timers.arm(self.bound_secs, self._fire_line())
 
     def line(self, what):
         """This process's lost-peer line at the current step."""
         return lost_peer_line(self.step, self.peers, self.log_root, what)
 
+    def _fire_line(self):
+        return _line(
+            self.step,
+            self.peers,
+            self._checkpoint,
+            f"no step, evaluation or save for --peer_timeout_secs="
+            f"{self.bound_secs:g} s: a peer is gone, cut off or frozen",
+        )
+
     def __enter__(self):
-        self.mark()
         if self.peers:
-            self._thread = threading.Thread(
-                target=self._watch, name="peer_watch", daemon=True
-            )
-            self._thread.start()
+            self._timers = _ExitTimers()
+        self.mark()
         return self
 
     def __exit__(self, *exc):
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._timers is not None:
+            self._timers.close()
+            self._timers = None
 
-    def _watch(self):
-        # Checks a few times per bound: the end comes within 10% of it.
-        every = min(max(self.bound_secs / 10, 0.1), 5.0)
-        while not self._done.wait(every):
-            silent = time.monotonic() - self._last
-            if silent >= self.bound_secs:
-                self._end(silent)
 
-    def _end(self, silent):
-        line = self.line(
-            f"no progress for {silent:.0f} s, beyond --peer_timeout_secs="
-            f"{self.bound_secs:g}: a peer is gone, cut off or frozen"
+class _Sigevent(ctypes.Structure):
+    """glibc's `struct sigevent` (64 bytes) for `SIGEV_THREAD`."""
+
+    _fields_ = [
+        ("value", ctypes.c_void_p),  # union sigval: an int or a pointer
+        ("signo", ctypes.c_int),
+        ("notify", ctypes.c_int),
+        ("function", ctypes.c_void_p),  # void (*)(union sigval)
+        ("attributes", ctypes.c_void_p),
+        ("padding", ctypes.c_int * 8),
+    ]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("interval", _Timespec), ("value", _Timespec)]
+
+
+_SIGEV_THREAD = 2
+_CLOCK_MONOTONIC = 1
+# After the line's timer, so that the line is out before the process ends.
+_EXIT_AFTER_LINE_SECS = 0.5
+
+
+class _ExitTimers:
+    """Two one-shot timers: `warnx(line)`, then `_exit(LOST_PEER)`."""
+
+    def __init__(self):
+        libc = ctypes.CDLL("librt.so.1", use_errno=True)  # glibc's timers
+        self._libc = libc
+        # warnx prints "<program name>: <its format>" to stderr, unbuffered.
+        self._name = ctypes.c_char_p(b"resnet_main")
+        ctypes.c_void_p.in_dll(
+            libc, "program_invocation_short_name"
+        ).value = ctypes.cast(self._name, ctypes.c_void_p).value
+        self._buffer = ctypes.create_string_buffer(_LINE_BYTES)
+        self._line_timer = self._create(
+            "warnx", ctypes.cast(self._buffer, ctypes.c_void_p).value
         )
-        # Straight to the file descriptor: the stuck thread may hold the
-        # locks of sys.stderr or of logging.
-        os.write(2, f"{line}\n".encode())
-        os._exit(LOST_PEER)
+        self._exit_timer = self._create("_exit", LOST_PEER)
+
+    def _create(self, function, value):
+        event = _Sigevent(
+            value=value,
+            notify=_SIGEV_THREAD,
+            function=ctypes.cast(
+                getattr(self._libc, function), ctypes.c_void_p
+            ),
+        )
+        timer = ctypes.c_void_p()
+        if self._libc.timer_create(
+            _CLOCK_MONOTONIC, ctypes.byref(event), ctypes.byref(timer)
+        ):
+            raise OSError(ctypes.get_errno(), "timer_create")
+        return timer
+
+    def arm(self, secs, line):
+        """Both timers `secs` from now, the line to print then.
+
+        The timers first: pushed `secs` away, neither reads the line
+        while it is rewritten.
+        """
+        for timer, after in (
+            (self._line_timer, secs),
+            (self._exit_timer, secs + _EXIT_AFTER_LINE_SECS),
+        ):
+            whole = int(after)
+            spec = _Itimerspec(
+                value=_Timespec(whole, int((after - whole) * 1e9))
+            )
+            if self._libc.timer_settime(timer, 0, ctypes.byref(spec), None):
+                raise OSError(ctypes.get_errno(), "timer_settime")
+        # It is warnx's format: no conversion may come from a path.
+        text = line.removeprefix("resnet_main: ").replace("%", "%%")
+        data = text.encode()[: _LINE_BYTES - 1] + b"\0"
+        ctypes.memmove(self._buffer, data, len(data))
+
+    def close(self):
+        for timer in (self._exit_timer, self._line_timer):
+            self._libc.timer_delete(timer)
+
+
+_LINE_BYTES = 4096
