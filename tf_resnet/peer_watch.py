@@ -177,11 +177,14 @@ class _ExitTimers:
     def __init__(self):
         libc = ctypes.CDLL("librt.so.1", use_errno=True)  # glibc's timers
         self._libc = libc
-        # warnx prints "<program name>: <its format>" to stderr, unbuffered.
+        # warnx prints "<program name>: <its format>" to stderr, unbuffered;
+        # the name is resnet_main's until `close` gives the library its own.
         self._name = ctypes.c_char_p(b"resnet_main")
-        ctypes.c_void_p.in_dll(
+        self._program = ctypes.c_void_p.in_dll(
             libc, "program_invocation_short_name"
-        ).value = ctypes.cast(self._name, ctypes.c_void_p).value
+        )
+        self._own_name = self._program.value
+        self._program.value = ctypes.cast(self._name, ctypes.c_void_p).value
         self._buffer = ctypes.create_string_buffer(_LINE_BYTES)
         self._line_timer = self._create(
             "warnx", ctypes.cast(self._buffer, ctypes.c_void_p).value
@@ -227,6 +230,7 @@ class _ExitTimers:
     def close(self):
         for timer in (self._exit_timer, self._line_timer):
             self._libc.timer_delete(timer)
+        self._program.value = self._own_name
 
 
 _LINE_BYTES = 4096
