@@ -23,6 +23,9 @@ import sys
 import tempfile
 import time
 
+# Not tests.helpers': this module also runs as horovodrun's ssh, which
+# must not wait for TensorFlow's import.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ADDRESSES = {"node1": "10.78.0.1", "node2": "10.78.0.2"}
 TOOLS = all(shutil.which(tool) for tool in ("unshare", "nsenter", "ip"))
 # The first process of each node: reaps what is left to it.
@@ -110,8 +113,6 @@ class Nodes:
 
     def enter(self, node):
         """The prefix that runs a command on `node`, in the repository."""
-        from tests.helpers import ROOT
-
         return _enter(self.inits[node], ROOT)
 
     def env(self, **extra):
