@@ -73,8 +73,8 @@ def test_the_watch_ends_a_silent_process_with_its_line(tmp_path):
         "step 17 (no step, evaluation or save for --peer_timeout_secs=1 s: "
         "a peer is gone, cut off or frozen; waiting on rank 1 on node2); the "
         f"newest complete checkpoint is {tmp_path}/ckpt-10, which the same "
-        "command resumes from (a batch job requeues itself on this exit "
-        "code, 4)"
+        "command resumes from (exit code 4: a Slurm job of scripts/ "
+        "requeues itself)"
     )
 
 

@@ -13,14 +13,15 @@ rank).
 
 `PeerWatch` is the bound every engine gets (`--peer_timeout_secs`): it
 ends the process with `LOST_PEER` (the exit code of a lost task, which
-the batch jobs requeue on) when no progress was marked for that long. The
-training loop marks progress at every finished step, and before and after
-each evaluation and checkpoint save, so the bound is on the longest
-stretch between two marks: a step (the first one compiles), an evaluation,
-a save, or the wait for a peer in one of them (a peer's save, its slower
-start). Its last words are one line, the same as a lost-peer error's that
-the engine raised itself (`lost_peer_line`): the step, the peers, the
-newest complete checkpoint on disk and that the same command resumes.
+the Slurm jobs of scripts/ requeue on) when no progress was marked for
+that long. The training loop marks progress at every finished step, and
+before and after each evaluation and checkpoint save, so the bound is on
+the longest stretch between two marks: a step (the first one compiles),
+an evaluation, a save, or the wait for a peer in one of them (a peer's
+save, its slower start). Its last words are one line, the same as a
+lost-peer error's that the engine raised itself (`lost_peer_line`): the
+step, the peers, the newest complete checkpoint on disk and that the same
+command resumes.
 
 The end comes from the C library, not from Python (`_ExitTimers`): the
 thread that waits on the peers is in a collective that neither Python nor
@@ -32,7 +33,8 @@ import os
 import re
 
 # resnet_main.py's exit code of a lost peer (a task of the cluster gone or
-# silent): the batch jobs requeue the job on it (tf_resnet/launch/batch_job.py).
+# silent): the Slurm jobs of scripts/ requeue on it
+# (tf_resnet/launch/batch_job.py).
 LOST_PEER = 4
 
 
@@ -77,8 +79,8 @@ def _line(step, peers, checkpoint, what):
     )
     return (
         f"resnet_main: error: lost a task of the training cluster{at} "
-        f"({what}; waiting on {peers}); {resume} (a batch job requeues "
-        "itself on this exit code, 4)"
+        f"({what}; waiting on {peers}); {resume} (exit code 4: a Slurm job "
+        "of scripts/ requeues itself)"
     )
 
 

@@ -276,7 +276,8 @@ class DistributionConfig:
         300.0,
         "Seconds a process of a multi-process run (horovod, averaging, "
         "multi_worker, parameter_server's coordinator) waits for its peers "
-        "before it ends with exit code 4 (which the batch jobs requeue), "
+        "before it ends with exit code 4 (the Slurm jobs of scripts/ "
+        "requeue on it), "
         "naming the step, the peers and the checkpoint the same command "
         "resumes from: a lost node, a cut link or a frozen peer ends the "
         "run instead of hanging it. It bounds every stretch between two "
