@@ -1,13 +1,15 @@
 """A cut link between two nodes ends the run within --peer_timeout_secs.
 
 Two network-namespace nodes joined by one veth pair (`tests/two_nodes.py`),
-one process of the run on each, started as the docs say: `horovodrun -H`
-for Horovod, `--worker_hosts --task_index` for `multi_worker`. In the
-middle of training, `ip link set eth0 down` on node2: no connection is
-reset, the peers just go silent. The process on node1 must end within the
-bound with exit code 4, the lost-peer line as its last (the step, the peer,
-the newest complete checkpoint and that the same command resumes), and
-that checkpoint must be the one a rerun resumes from.
+the processes of the run on both, started as the docs say: `horovodrun -H`
+for Horovod, `--worker_hosts --task_index` for `multi_worker`, the ps and
+the coordinator on node1 and the worker on node2 for `parameter_server`.
+In the middle of training, `ip link set eth0 down` on node2: no
+connection is reset, the peers just go silent. The process on node1 must
+end within the bound with exit code 4, the lost-peer line as its last
+(the step, the peer, the newest complete checkpoint and that the same
+command resumes), and that checkpoint must be the one a rerun resumes
+from. The first test checks the watch alone, in a process of its own.
 
 The bound is 20 s (`--peer_timeout_secs=20`): below Gloo's own 30 s
 timeout, so under horovodrun it is the peer watch that ends the rank, as
@@ -28,6 +30,7 @@ from tests import engine_runs, two_nodes
 from tests.helpers import (
     ROOT,
     on_newest_set,
+    on_one_set,
     requires_horovod,
     resnet8_flags,
 )
@@ -162,7 +165,7 @@ def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     lines, cut_at = cut_after(process, nodes, 12)
     output, took = end_of(process, lines, cut_at)
     assert process.returncode != 0, output[-3000:]
-    # The watch checks 10 times per bound; horovodrun then ends rank 1.
+    # The watch ends each rank at the bound; horovodrun then ends the job.
     assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
     rank0 = [
         line.split("<stderr>:", 1)[1]
@@ -225,5 +228,58 @@ def test_a_cut_link_ends_a_multi_worker_within_the_bound(
     last = output.strip().splitlines()[-1]
     found = re.match(LOST.format(peer=r"worker 1 on 10\.78\.0\.2:23457"), last)
     assert found, output[-3000:]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    assert_resumes(nodes, synthetic_cifar, log_root, found[3])
+
+
+# The watch itself (TensorFlow's coordinator waits for a worker it cannot
+# reach, in a call that holds the GIL), once: on the pinned set's leg.
+@pytest.mark.slow
+@on_two_nodes
+@on_one_set
+def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
+    nodes, synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "log"
+    cluster = ["--ps_hosts=10.78.0.1:24000", "--worker_hosts=10.78.0.2:24001"]
+    tasks = [
+        subprocess.Popen(
+            [
+                *nodes.enter(node),
+                sys.executable,
+                WORKER,
+                f"--dump_dir={log_root}_dump",
+                f"--job_name={job}",
+                "--task_index=0",
+                *cluster,
+            ],
+            env=nodes.env(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for node, job in (("node1", "ps"), ("node2", "worker"))
+    ]
+    coordinator = subprocess.Popen(
+        [*nodes.enter("node1"), sys.executable, WORKER,
+         f"--dump_dir={log_root}_dump", "--distribution=parameter_server",
+         *cluster, *partition_flags(synthetic_cifar, log_root)],
+        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        lines, cut_at = cut_after(coordinator, nodes, 12)
+        output, took = end_of(coordinator, lines, cut_at)
+    finally:
+        for task in tasks:
+            task.kill()
+            task.wait()
+    assert coordinator.returncode == 4, output[-3000:]
+    assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
+    last = output.strip().splitlines()[-1]
+    peers = r"ps 0 on 10\.78\.0\.1:24000, worker 0 on 10\.78\.0\.2:24001"
+    found = re.match(LOST.format(peer=peers), last)
+    assert found, output[-3000:]
+    assert f"--peer_timeout_secs={BOUND}" in found[2]
     assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
     assert_resumes(nodes, synthetic_cifar, log_root, found[3])
