@@ -20,7 +20,8 @@ r"""Trains or evaluates a ResNet: the command line of tf-resnet.
 TensorBoard: `.venv/bin/tensorboard --logdir=runs/cifar10`.
 
 Exit codes: 0 done; 2 bad input or flags (one `error:` line); 3 the loss
-diverged; 4 a task of a training cluster was lost; 128+N stopped by
+diverged; 4 a task of a training cluster was lost (gone, cut off, or
+silent for --peer_timeout_secs: `tf_resnet.peer_watch`); 128+N stopped by
 signal N after a final checkpoint.
 """
 
@@ -38,17 +39,22 @@ if __name__ == "__main__":  # Before TensorFlow 2.21's import notices.
 import tensorflow as tf  # noqa: E402
 from absl import app, logging  # noqa: E402
 
-from tf_resnet import dry_run, evaluation, export, runtime, train_loop  # noqa: E402
+from tf_resnet import (  # noqa: E402
+    dry_run,
+    evaluation,
+    export,
+    peer_watch,
+    runtime,
+    train_loop,
+)
 from tf_resnet.checkpointing import first_line  # noqa: E402
 from tf_resnet.config import engines  # noqa: E402
 from tf_resnet.config import flags as resnet_flags  # noqa: E402
+from tf_resnet.distribute.base import LOST_TASK_ERRORS  # noqa: E402
 from tf_resnet.distributors import make_distributor, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
-# A task of the cluster is gone. A multi_worker peer that stops answering
-# ends in either: MWMS' health check, or --collective_timeout_secs.
-LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
 
 
 def run(argv):
@@ -113,17 +119,19 @@ def run(argv):
     except train_loop.TrainingDiverged as error:
         print(f"resnet_main: training diverged: {error}", file=sys.stderr)
         return 3
-    except LOST_TASK_ERRORS as error:
+    except train_loop.PeerLost as error:
         # A parameter server (or another task of the cluster) is gone: its
         # variables are lost, so only a restart from the checkpoint helps.
-        latest = tf.train.latest_checkpoint(FLAGS.log_root) or "none"
+        print(error, file=sys.stderr)
+        return peer_watch.LOST_PEER
+    except LOST_TASK_ERRORS as error:  # Outside training.
         print(
-            "resnet_main: error: lost a task of the training cluster "
-            f"({first_line(error)}); the latest complete "
-            f"checkpoint, which a rerun resumes from, is {latest}",
+            peer_watch.lost_peer_line(
+                None, "its peers", FLAGS.log_root, first_line(error)
+            ),
             file=sys.stderr,
         )
-        return 4
+        return peer_watch.LOST_PEER
     except train_loop.TrainingInterrupted as error:
         # 128 + its signal; a process stopped by a peer's signal exits as
         # if it had got SIGTERM, so a job's processes end with one code.

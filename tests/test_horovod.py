@@ -217,6 +217,16 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
     assert not survivor_alive, "the surviving rank is still running"
     if sig == signal.SIGSTOP:
         assert "Timed out waiting 15000ms" in output, output[-2000:]
+        # Gloo's timeout shut Horovod down: rank 0 ends as having lost a
+        # peer (exit 4), naming it, and horovodrun names that exit code.
+        assert re.search(
+            r"^\[0\]<stderr>:resnet_main: error: lost a task of the "
+            r"training cluster after step \d+ \(Horovod has been shut down.*"
+            r"; waiting on rank 1 on ",
+            output,
+            re.M,
+        ), output[-2000:]
+        assert "Exit code: 4" in output, output[-2000:]
 
 
 HOROVOD_KNOBS = """

@@ -272,12 +272,12 @@ def test_a_lost_worker_makes_the_other_fail_not_hang(
     synthetic_cifar, tmp_path, signal_name
 ):
     # SIGKILL resets the connection; SIGSTOP leaves it open and silent, so
-    # only --collective_timeout_secs ends the survivor's wait.
+    # only --peer_timeout_secs ends the survivor's wait.
     flags = resnet8_flags(
         synthetic_cifar,
         tmp_path / "log",
         "--train_steps=100000",
-        "--collective_timeout_secs=15",
+        "--peer_timeout_secs=15",
     )
     result = subprocess.run(
         [
@@ -454,7 +454,7 @@ def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
     [
         ({"ps_hosts": ["a:1"]}, "has no ps and no job names"),
         ({"cpu_replicas": 2}, "--cpu_replicas is for"),
-        ({"collective_timeout_secs": 0}, "must be positive"),
+        ({"peer_timeout_secs": 0}, "must be positive"),
     ],
 )
 def test_contradictory_flags(values, message):

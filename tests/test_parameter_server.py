@@ -277,8 +277,9 @@ def test_a_killed_ps_restarts_the_cluster_from_the_last_checkpoint(
     assert run.wait() == 0, run.text
     # The coordinator fails cleanly on its own, naming the checkpoint ...
     lost = run.wait_for(
-        r"error: lost a task of the training cluster \(.*\); the latest "
-        r"complete checkpoint, which a rerun resumes from, is \S+ckpt-(\d+)"
+        r"error: lost a task of the training cluster after step \d+ \(.*; "
+        r"waiting on ps 0 on \S+, worker 0 on .*\); the newest complete "
+        r"checkpoint is \S+ckpt-(\d+), which the same command resumes from"
     )
     saved = int(lost.group(1))
     assert saved >= 40, run.text

@@ -544,7 +544,7 @@ def trainers_on(cluster, host, needle):
 
 def test_a_frozen_worker_on_the_other_node_ends_the_job(cluster, data):
     """SIGSTOP to the worker on node2: no connection is reset, so only
-    --collective_timeout_secs (or the coordination service's heartbeat)
+    --peer_timeout_secs (or the coordination service's heartbeat)
     ends node1's wait; it exits 4 (a lost task) naming the checkpoint a
     rerun resumes from, and srun ends the step."""
     dump_dir = str(engine_runs.new_dir("slurm_frozen"))
@@ -555,7 +555,7 @@ def test_a_frozen_worker_on_the_other_node_ends_the_job(cluster, data):
         f"--eval_data_path={data['EVAL_DATA']}", "--dataset=cifar100",
         f"--log_root={dump_dir}/log", "--model=resnet20", "--batch_size=8",
         "--train_steps=100000", "--log_every_steps=1",
-        "--collective_timeout_secs=15",
+        "--peer_timeout_secs=15",
     ]  # fmt: skip
     process = subprocess.Popen(
         cluster.on("head", command), env=cluster.env, cwd=ROOT, text=True,

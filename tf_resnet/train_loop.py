@@ -34,6 +34,7 @@ from tf_resnet import (
     evaluation,
     log_root_lock,
     param_groups,
+    peer_watch,
     schedules,
     summaries,
 )
@@ -63,6 +64,15 @@ class TrainingInterrupted(Exception):
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite."""
+
+
+class PeerLost(RuntimeError):
+    """A task of the run's cluster is gone; the message is the line to say.
+
+    Raised for the errors the engine ends a lost peer's collectives with
+    (`Distributor.lost_peer`); a silent peer that the engine waits on
+    without end is `peer_watch`'s to end.
+    """
 
 
 def make_replica_fn(model, optimizer, distributor, config, ema=None):
@@ -258,8 +268,10 @@ class _Progress:
         start_step,
         rate_fn,
         every_secs,
+        watch,
     ):
         self.distributor = distributor
+        self.watch = watch
         self.plan = plan
         self.writer = writer
         self.checkpoints = checkpoints
@@ -304,12 +316,16 @@ class _Progress:
         """Leaves the time of the block out of the next line's rate.
 
         An evaluation or a save in the interval would otherwise lower its
-        images/sec and stretch its ETA.
+        images/sec and stretch its ETA. Its start and end are progress for
+        the peer watch: the bound is on the block, not on it with the
+        steps before it.
         """
         started = time.time()
+        self.watch.mark()
         try:
             yield
         finally:
+            self.watch.mark()
             step, since = self.interval_start
             self.interval_start = (step, since + time.time() - started)
 
@@ -427,6 +443,9 @@ def train(config, distributor):
     Raises:
       TrainingInterrupted: a process of the run got a stop signal; every
         process stopped at the same step, whose checkpoint is written.
+      PeerLost: the engine failed a collective for a peer that is gone.
+      (A peer silent for `--peer_timeout_secs` ends the process: there is
+      no exception to raise in a thread stuck in a collective.)
     """
     # Refused before anything is read or written (`make_replica_fn` is
     # made at the first step).
@@ -442,12 +461,28 @@ def train(config, distributor):
     plan = plan_run(config, split)
     log_root = config.run.log_root
     new_folder = not os.path.exists(log_root)
+    watch = peer_watch.PeerWatch(
+        config.distribution.peer_timeout_secs, distributor.peers(), log_root
+    )
     try:
-        with contextlib.ExitStack() as held:
-            _start_together(log_root, distributor, held)
-            result, interrupted = _train(
-                config, distributor, plan, split, eval_split
-            )
+        try:
+            with watch:
+                with contextlib.ExitStack() as held:
+                    _start_together(log_root, distributor, held)
+                    watch.mark()
+                    result, interrupted = _train(
+                        config, distributor, plan, split, eval_split, watch
+                    )
+                # Only now that the run's input iterator is released
+                # (deleting one of MultiWorkerMirroredStrategy needs every
+                # worker still there); after an agreed stop too, so no
+                # process leaves while the chief still saves.
+                distributor.end_of_run()
+        except tf.errors.OpError as error:
+            lost = distributor.lost_peer(error)
+            if not lost:
+                raise
+            raise PeerLost(watch.line(lost)) from error
     except BaseException:
         if new_folder and distributor.is_chief:
             # A start that failed before writing anything leaves no empty
@@ -455,10 +490,6 @@ def train(config, distributor):
             with contextlib.suppress(OSError):
                 os.rmdir(log_root)
         raise
-    # Only now that the run's input iterator is released (deleting one of
-    # MultiWorkerMirroredStrategy needs every worker still there); after an
-    # agreed stop too, so no process leaves while the chief still saves.
-    distributor.end_of_run()
     if interrupted:
         raise interrupted
     return result
@@ -499,7 +530,7 @@ def _start_together(log_root, distributor, held):
         )
 
 
-def _train(config, distributor, plan, split, eval_split):
+def _train(config, distributor, plan, split, eval_split, watch):
     run = config.run
     keras.utils.set_random_seed(run.seed)
     model = build_model(config, distributor, split)
@@ -516,6 +547,7 @@ def _train(config, distributor, plan, split, eval_split):
         summaries.write_hparams(run.log_root, settings.flatten(config))
     distributor.broadcast_initial_state(state)
     step = int(optimizer.iterations.numpy())
+    watch.mark(step)
     if restored:  # Each process's: one that resumed elsewhere would show.
         logging.info("resumed from %s at step %d", restored, step)
     if distributor.is_chief:  # The job's line; the others' would repeat it.
@@ -553,6 +585,7 @@ def _train(config, distributor, plan, split, eval_split):
         step,
         lambda: float(optimizer.learning_rate.numpy()),
         run.log_every_secs,
+        watch,
     )
     run_until = plan.total_steps
     if run.steps_per_run:
@@ -567,6 +600,7 @@ def _train(config, distributor, plan, split, eval_split):
         while step < run_until:
             progress.add(train_step(step, iterator))
             step += 1
+            watch.mark(step)
             distributor.after_step(step, state)
             pause = step == run_until  # End of this run, maybe not of training.
             if step % run.log_every_steps == 0 or pause or progress.due():
@@ -591,7 +625,8 @@ def _train(config, distributor, plan, split, eval_split):
             ) and distributor.any_process_stopping(stop.received is not None):
                 progress.log(step)
                 if saved_at != step:
-                    checkpoints.save(step)
+                    with progress.paused():
+                        checkpoints.save(step)
                 interrupted = _interruption(
                     stop.received, step, distributor, checkpoints
                 )

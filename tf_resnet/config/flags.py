@@ -64,6 +64,10 @@ OTHER_NAMES = {
     "gpus": "--num_gpus",
     "amp": "--dtype=mixed_float16 (GPUs) or --dtype=mixed_bfloat16 (CPUs)",
     "evaluate": "--mode=eval",
+    "collective_timeout_secs": (
+        "--peer_timeout_secs (the bound on waiting for peers, for every "
+        "engine; multi_worker's collectives get it too)"
+    ),
 }
 
 

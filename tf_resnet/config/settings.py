@@ -272,11 +272,19 @@ class DistributionConfig:
         "--worker_hosts; 0 is the chief).",
         bounds=NON_NEGATIVE,
     )
-    collective_timeout_secs: float = setting(
+    peer_timeout_secs: float = setting(
         300.0,
-        "--distribution=multi_worker: how long one all-reduce may wait for "
-        "the other workers before this one fails (a dead peer must not hang "
-        "the job; raise it if the first step compiles for longer).",
+        "Seconds a process of a multi-process run (horovod, averaging, "
+        "multi_worker, parameter_server's coordinator) waits for its peers "
+        "before it ends with exit code 4 (the Slurm jobs of scripts/ "
+        "requeue on it), "
+        "naming the step, the peers and the checkpoint the same command "
+        "resumes from: a lost node, a cut link or a frozen peer ends the "
+        "run instead of hanging it. It bounds every stretch between two "
+        "steps, so it must exceed the first step's compilation, an "
+        "evaluation and a checkpoint save, a peer's included "
+        "(docs/reliability.md). multi_worker's collectives time out at it "
+        "too.",
         bounds=POSITIVE,
     )
     gradient_compression: str = setting(

@@ -27,6 +27,36 @@ from tf_resnet import schedules
 # one all-reduce of a flag is a few ms, a noticeable part of a small step
 # (bench/results/stop_check.md), and nine steps more are seconds.
 PEERS_STOP_CHECK_EVERY_STEPS = 10
+# The errors of a collective whose peer is gone: a closed connection, a
+# timed-out collective (multi_worker's CommunicationOptions) or the
+# coordination service's heartbeat.
+LOST_TASK_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
+
+
+def error_words(error):
+    """The first sentence of what a TensorFlow error says went wrong.
+
+    A function's error opens with "Graph execution error:" and where the
+    failed op was defined, a traceback; the cause follows it.
+    """
+    lines = str(error).strip().splitlines()
+    traced = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+    after = lines[traced[-1] + 1 :] if traced else lines
+    said = next((line.strip() for line in after if line.strip()), repr(error))
+    return said.split(". ")[0].rstrip(".")[:300]
+
+
+def name_peers(kind, index, places):
+    """`rank 1 on node2, rank 2 on node3`: every process but `index`.
+
+    Args:
+      kind: what a process is called (`rank`, `worker`).
+      index: this process's index in `places`.
+      places: where each process runs (its host, or host:port).
+    """
+    return ", ".join(
+        f"{kind} {i} on {place}" for i, place in enumerate(places) if i != index
+    )
 
 
 @dataclasses.dataclass
@@ -198,6 +228,25 @@ class Distributor:
         their own BatchNorm moving statistics average them here, so replicas
         never disagree in accuracy.
         """
+
+    def lost_peer(self, error):
+        """What `error` says of a lost peer, in words; None: not that.
+
+        How this engine's collectives fail when a peer is gone (one the
+        engine waits on without end is `peer_watch`'s to end).
+        """
+        if isinstance(error, LOST_TASK_ERRORS):
+            return error_words(error)
+        return None
+
+    def peers(self):
+        """Who this process waits on, in words, or "" for no one.
+
+        For the line of a process that lost its peers (`peer_watch`); the
+        training loop watches only a process that has some. Every process
+        of the run calls it at the same point (it may be a collective).
+        """
+        return ""
 
     def checkpoint_dir(self, log_root):
         """Where this process writes a checkpoint; None: it writes none.

@@ -22,6 +22,7 @@ it is the only place that knows about this.
 """
 
 import os
+import socket
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -29,6 +30,9 @@ import tensorflow as tf
 from tf_resnet import traffic
 from tf_resnet.distribute import averaging, base, buckets
 from tf_resnet.distribute.averaging import float_variables
+
+# How a Horovod op fails once Horovod has shut down.
+_SHUT_DOWN = "Horovod has been shut down"
 
 
 def tf_variables(variables):
@@ -163,6 +167,25 @@ class HorovodDistributor(base.Distributor):
         flag = tf.constant([1.0 if stopping else 0.0], tf.float32)
         total = hvd.allreduce(flag, op=hvd.Sum, name="any_process_stopping")
         return bool(total.numpy()[0] > 0)
+
+    def lost_peer(self, error):
+        """Horovod shut down: Gloo's timeout, or another rank's failure.
+
+        Either ends Horovod's background thread, and every collective
+        after that fails with this message (the cause is logged above it).
+        """
+        if isinstance(error, tf.errors.UnknownError) and _SHUT_DOWN in str(
+            error
+        ):
+            return f"{_SHUT_DOWN}: a peer failed or timed out, said above"
+        return super().lost_peer(error)
+
+    def peers(self):
+        """The other ranks and their hosts (one gather of the host names)."""
+        if hvd.size() == 1:
+            return ""
+        hosts = hvd.allgather_object(socket.gethostname(), name="peers")
+        return base.name_peers("rank", hvd.rank(), hosts)
 
     def end_of_run(self):
         """Waits until every rank got here, rank 0 with its checkpoint saved.

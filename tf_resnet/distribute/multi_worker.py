@@ -39,8 +39,9 @@ A lost peer must make the others fail, not hang: a dead one resets its
 connections, so the next all-reduce fails; a frozen one stops answering
 TensorFlow's coordination service (apparently what aborts the collectives
 then: docs/distributed.md); and every collective gets
-`--collective_timeout_secs` (`CommunicationOptions`) for a peer that is
-alive but never reaches it.
+`--peer_timeout_secs` (`CommunicationOptions`) for a peer that is alive
+but never reaches it, the bound the training loop also keeps on the
+time between two steps (`peer_watch`).
 """
 
 import tempfile
@@ -133,7 +134,7 @@ def make_strategy(resolver, timeout_secs, pack_bytes=0):
 
     Args:
       resolver: the cluster (`cluster_resolver`).
-      timeout_secs: `--collective_timeout_secs` of every collective.
+      timeout_secs: `--peer_timeout_secs`, of every collective.
       pack_bytes: `--all_reduce_pack_bytes`: the gradient all-reduce is
         split into packs of about this size (0: TensorFlow's default).
     """
@@ -166,6 +167,12 @@ class Collectives:
         )
         self.worker_index = _worker_index(resolver)
         self._sum_flag = None
+
+    def peers(self):
+        """The other workers and their addresses, the chief's first."""
+        spec = self.strategy.cluster_resolver.cluster_spec().as_dict()
+        places = [*spec.get("chief", []), *spec.get("worker", [])]
+        return base.name_peers("worker", self.worker_index, places)
 
     def sum(self, value):
         """The sum over workers of `value`, given by one replica of each."""
@@ -315,6 +322,9 @@ class MultiWorkerDistributor(tf_strategy.StrategyDistributor):
         """Whether any worker got a stop signal: all then stop together."""
         return self.collectives.any_true(stopping)
 
+    def peers(self):
+        return self.collectives.peers()
+
     def end_of_run(self):
         """Waits until every worker has released its input iterator.
 
@@ -392,6 +402,9 @@ class MultiWorkerAveragingDistributor(averaging.LocalSteps, base.Distributor):
         """Whether any worker got a stop signal: all then stop together."""
         return self.collectives.any_true(stopping)
 
+    def peers(self):
+        return self.collectives.peers()
+
     def end_of_run(self):
         """As `MultiWorkerDistributor.end_of_run`: no worker leaves first."""
         self.collectives.sum(tf.zeros([1]))
@@ -415,7 +428,7 @@ def make_distributor(global_batch, config, devices):
         if config.overlap_all_reduce
         else 0
     )
-    strategy = make_strategy(resolver, config.collective_timeout_secs, packs)
+    strategy = make_strategy(resolver, config.peer_timeout_secs, packs)
     return MultiWorkerDistributor(
         strategy, global_batch, config.gradient_compression, packs
     )
@@ -428,7 +441,7 @@ def make_averaging_distributor(global_batch, config, devices):
     """
     del devices
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
-    strategy = make_strategy(resolver, config.collective_timeout_secs)
+    strategy = make_strategy(resolver, config.peer_timeout_secs)
     return MultiWorkerAveragingDistributor(
         strategy, global_batch, config.average_every
     )

@@ -191,6 +191,7 @@ class ParameterServerDistributor(base.Distributor):
             self.strategy
         )
         self.num_workers = resolver.cluster_spec().num_tasks("worker")
+        self._cluster = resolver.cluster_spec().as_dict()
         # Replicas of ONE worker (its GPUs) are synchronous; workers are not.
         self.num_replicas = self.strategy.num_replicas_in_sync
         self.replicas_per_update = self.strategy.num_replicas_in_sync
@@ -280,6 +281,13 @@ class ParameterServerDistributor(base.Distributor):
         """Waits for every scheduled step before evaluating or saving."""
         del state
         self.coordinator.join()
+
+    def peers(self):
+        """The parameter servers and workers, with their addresses."""
+        return ", ".join(
+            base.name_peers(job, -1, self._cluster.get(job, []))
+            for job in ("ps", "worker")
+        )
 
     def steps_per_worker(self):
         """Training steps each worker has run so far (numpy int64 array)."""

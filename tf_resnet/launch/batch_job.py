@@ -36,13 +36,15 @@ import subprocess
 import sys
 import time
 
-# What resnet_main.py's exit codes mean (tf_resnet/errors.py).
+from tf_resnet.peer_watch import LOST_PEER
+
+# What resnet_main.py's exit codes mean (its docstring).
 EXIT_CAUSES = {
     2: "bad flags or data (its error: line above names them)",
     3: "the training diverged (its error: line above names the step)",
-    4: "it lost a peer: a node or a process of the job is gone",
+    LOST_PEER: "it lost a peer: a node or a process of the job is gone, cut "
+    "off or silent for --peer_timeout_secs",
 }
-LOST_PEER = 4
 BAD_INPUT = 2
 # The variables that point a task at its data elsewhere.
 DATA_VARIABLES = "DATA_ROOT, or TRAIN_DATA and EVAL_DATA"

@@ -1,0 +1,285 @@
+"""A cut link between two nodes ends the run within --peer_timeout_secs.
+
+Two network-namespace nodes joined by one veth pair (`tests/two_nodes.py`),
+the processes of the run on both, started as the docs say: `horovodrun -H`
+for Horovod, `--worker_hosts --task_index` for `multi_worker`, the ps and
+the coordinator on node1 and the worker on node2 for `parameter_server`.
+In the middle of training, `ip link set eth0 down` on node2: no
+connection is reset, the peers just go silent. The process on node1 must
+end within the bound with exit code 4, the lost-peer line as its last
+(the step, the peer, the newest complete checkpoint and that the same
+command resumes), and that checkpoint must be the one a rerun resumes
+from. The first test checks the watch alone, in a process of its own.
+
+The bound is 20 s (`--peer_timeout_secs=20`): below Gloo's own 30 s
+timeout, so under horovodrun it is the peer watch that ends the rank, as
+it is under MPI (which has no timeout at all); `multi_worker`'s own health
+check may come first. Each test waits for the run to end, at most the
+bound and a minute.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import engine_runs, two_nodes
+from tests.helpers import (
+    ROOT,
+    on_newest_set,
+    on_one_set,
+    requires_horovod,
+    resnet8_flags,
+)
+
+BOUND = 20
+WORKER = engine_runs.WORKER
+
+# Two namespace nodes need root and the tools.
+on_two_nodes = pytest.mark.skipif(
+    bool(two_nodes.usable()), reason=two_nodes.usable()
+)
+
+SILENT = """
+import ctypes, sys, time
+from tf_resnet import peer_watch
+bound, log_root, steps = float(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+with peer_watch.PeerWatch(bound, "rank 1 on node2", log_root) as watch:
+    watch.mark(7)
+    for step in range(8, 8 + steps):  # Steps of 0.2 s: progress.
+        time.sleep(0.2)
+        watch.mark(step)
+    # A collective that never returns, holding the GIL as TensorFlow's
+    # remote function registration does (a PyDLL call keeps it).
+    ctypes.PyDLL(None).sleep(60)
+"""
+
+
+def test_the_watch_ends_a_silent_process_with_its_line(tmp_path):
+    # A checkpoint index as TensorFlow writes it, after the files.
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", SILENT, "1", str(tmp_path), "10"],
+        capture_output=True, text=True, timeout=30, cwd=ROOT,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 4, result.stderr
+    # 10 steps of 0.2 s kept it alive past its 1 s bound; then 1 s of
+    # silence ended it.
+    assert 3 <= took < 6, took
+    assert result.stderr.splitlines()[-1] == (
+        "resnet_main: error: lost a task of the training cluster after "
+        "step 17 (no step, evaluation or save for --peer_timeout_secs=1 s: "
+        "a peer is gone, cut off or frozen; waiting on rank 1 on node2); the "
+        f"newest complete checkpoint is {tmp_path}/ckpt-10, which the same "
+        "command resumes from (exit code 4: a Slurm job of scripts/ "
+        "requeues itself)"
+    )
+
+
+@pytest.fixture
+def nodes():
+    with two_nodes.Nodes() as made:
+        yield made
+
+
+def partition_flags(synthetic_cifar, log_root, *extra):
+    """ResNet-8 for good, a checkpoint every 5 steps, the bound 20 s."""
+    os.makedirs(f"{log_root}_dump", exist_ok=True)
+    return resnet8_flags(
+        synthetic_cifar, log_root, "--dtype=float32", "--train_steps=100000",
+        "--checkpoint_every_steps=5", "--log_every_steps=1",
+        "--eval_every_steps=100000", f"--peer_timeout_secs={BOUND}", *extra,
+    )  # fmt: skip
+
+
+def cut_after(process, nodes, step):
+    """Reads `process`'s output until `step` is logged, then cuts the link.
+
+    Returns the lines read and the time of the cut.
+    """
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.search(rf"\] step {step}/", line):
+            nodes.cut()
+            return lines, time.monotonic()
+    pytest.fail("the run ended before the cut:\n" + "".join(lines[-40:]))
+
+
+def end_of(process, lines, cut_at):
+    """Waits for the run to end (the bound and a minute at most)."""
+    try:
+        rest, _ = process.communicate(timeout=BOUND + 60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines.extend(rest.splitlines(keepends=True))
+    return "".join(lines), time.monotonic() - cut_at
+
+
+LOST = (
+    r"resnet_main: error: lost a task of the training cluster after step "
+    r"(\d+) \((.*); waiting on {peer}\); the newest complete checkpoint is "
+    r"(\S+/ckpt-(\d+)), which the same command resumes from"
+)
+
+
+def assert_resumes(nodes, synthetic_cifar, log_root, checkpoint):
+    """A rerun in `log_root` starts from `checkpoint` (one process, a step)."""
+    rerun = subprocess.run(
+        [*nodes.enter("node1"), sys.executable, WORKER,
+         f"--dump_dir={log_root}_dump",
+         *partition_flags(synthetic_cifar, log_root, "--steps_per_run=1",
+                          "--distribution=default")],
+        env=nodes.env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    step = checkpoint.rpartition("-")[2]
+    assert f"resumed from {checkpoint} at step {step}" in rerun.stderr, (
+        rerun.stderr[-3000:]
+    )
+
+
+@pytest.mark.slow
+@on_two_nodes
+@requires_horovod
+def test_a_cut_link_ends_horovod_ranks_within_the_bound(
+    nodes, synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "log"
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
+    process = subprocess.Popen(
+        [*nodes.enter("node1"), horovodrun, "-np", "2", "-H", hosts,
+         "--gloo", "--network-interface", "eth0", sys.executable, WORKER,
+         f"--dump_dir={log_root}_dump", "--distribution=horovod",
+         *partition_flags(synthetic_cifar, log_root)],
+        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    lines, cut_at = cut_after(process, nodes, 12)
+    output, took = end_of(process, lines, cut_at)
+    assert process.returncode != 0, output[-3000:]
+    # The watch ends each rank at the bound; horovodrun then ends the job.
+    assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
+    rank0 = [
+        line.split("<stderr>:", 1)[1]
+        for line in output.splitlines()
+        if line.startswith("[0]<stderr>:")
+    ]
+    # Rank 0's last words: the line, after a step of the cut or later.
+    found = re.match(LOST.format(peer=r"rank 1 on node2"), rank0[-1])
+    assert found, output[-3000:]
+    assert f"--peer_timeout_secs={BOUND}" in found[2]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    # horovodrun says what it saw after that: rank 0 exited with 4.
+    assert "Exit code: 4" in output.split(found[0])[-1], output[-2000:]
+    assert_resumes(nodes, synthetic_cifar, log_root, found[3])
+
+
+# TensorFlow's collectives' doing (on CI's newest set, as the helpers
+# say of multi_worker scenarios); Horovod's runs on the pinned set.
+@pytest.mark.slow
+@on_two_nodes
+@on_newest_set
+def test_a_cut_link_ends_a_multi_worker_within_the_bound(
+    nodes, synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "log"
+    workers = ",".join(
+        f"{address}:{port}"
+        for address, port in zip(
+            two_nodes.ADDRESSES.values(), (23456, 23457), strict=True
+        )
+    )
+    processes = [
+        subprocess.Popen(
+            [
+                *nodes.enter(node),
+                sys.executable,
+                WORKER,
+                f"--dump_dir={log_root}_dump",
+                "--distribution=multi_worker",
+                f"--worker_hosts={workers}",
+                f"--task_index={index}",
+                *partition_flags(synthetic_cifar, log_root),
+            ],
+            env=nodes.env(),
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        for index, node in enumerate(two_nodes.ADDRESSES)
+    ]
+    try:
+        lines, cut_at = cut_after(processes[0], nodes, 12)
+        output, took = end_of(processes[0], lines, cut_at)
+    finally:
+        processes[1].kill()
+        processes[1].communicate()
+    assert processes[0].returncode == 4, output[-3000:]
+    assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
+    last = output.strip().splitlines()[-1]
+    found = re.match(LOST.format(peer=r"worker 1 on 10\.78\.0\.2:23457"), last)
+    assert found, output[-3000:]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    assert_resumes(nodes, synthetic_cifar, log_root, found[3])
+
+
+# The watch itself (TensorFlow's coordinator waits for a worker it cannot
+# reach, in a call that holds the GIL), once: on the pinned set's leg.
+@pytest.mark.slow
+@on_two_nodes
+@on_one_set
+def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
+    nodes, synthetic_cifar, tmp_path
+):
+    log_root = tmp_path / "log"
+    cluster = ["--ps_hosts=10.78.0.1:24000", "--worker_hosts=10.78.0.2:24001"]
+    tasks = [
+        subprocess.Popen(
+            [
+                *nodes.enter(node),
+                sys.executable,
+                WORKER,
+                f"--dump_dir={log_root}_dump",
+                f"--job_name={job}",
+                "--task_index=0",
+                *cluster,
+            ],
+            env=nodes.env(),
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        for node, job in (("node1", "ps"), ("node2", "worker"))
+    ]
+    coordinator = subprocess.Popen(
+        [*nodes.enter("node1"), sys.executable, WORKER,
+         f"--dump_dir={log_root}_dump", "--distribution=parameter_server",
+         *cluster, *partition_flags(synthetic_cifar, log_root)],
+        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        lines, cut_at = cut_after(coordinator, nodes, 12)
+        output, took = end_of(coordinator, lines, cut_at)
+    finally:
+        for task in tasks:
+            task.kill()
+            task.wait()
+    assert coordinator.returncode == 4, output[-3000:]
+    assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
+    last = output.strip().splitlines()[-1]
+    peers = r"ps 0 on 10\.78\.0\.1:24000, worker 0 on 10\.78\.0\.2:24001"
+    found = re.match(LOST.format(peer=peers), last)
+    assert found, output[-3000:]
+    assert f"--peer_timeout_secs={BOUND}" in found[2]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    assert_resumes(nodes, synthetic_cifar, log_root, found[3])
