@@ -319,16 +319,17 @@ def test_eval_job_on_two_ranks_equals_one_process_and_only_rank_0_writes():
     header2, *rows2 = (two / "eval.csv").read_text().splitlines()
     columns = (
         "step,epoch,precision,best_precision,loss,precision_at_5,"
-        "train_accuracy,train_loss,split"
+        "train_accuracy,train_loss,split,examples"
     )
     assert header == header2 == columns
     assert len(rows) == len(rows2) == 1 and rows[0].startswith("6,")
     first, second = rows[0].split(","), rows2[0].split(",")
-    numbers = len(columns.split(",")) - 3  # Before the training columns.
+    numbers = len(columns.split(",")) - 4  # Before the training columns.
     np.testing.assert_allclose(
         np.float64(first[:numbers]), np.float64(second[:numbers]), 1e-5
     )
-    # The eval job's training columns (none: it does not train), its split.
+    # The eval job's training columns (none: it does not train), its split
+    # and the images it evaluated (all 32 on either).
     assert first[numbers:] == second[numbers:]
     # Only the chief writes: files (observed by the worker) and events.
     dump = pathlib.Path(two_run.dump_dir)
