@@ -218,11 +218,12 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
     if sig == signal.SIGSTOP:
         assert "Timed out waiting 15000ms" in output, output[-2000:]
         # Gloo's timeout shut Horovod down: rank 0 ends as having lost a
-        # peer (exit 4), naming it, and horovodrun names that exit code.
+        # peer (exit 4), naming it, and horovodrun names that exit code;
+        # whether its all-reduce was in flight then or came after is a race.
         assert re.search(
             r"^\[0\]<stderr>:resnet_main: error: lost a task of the "
-            r"training cluster after step \d+ \(Horovod has been shut down.*"
-            r"; waiting on rank 1 on ",
+            r"training cluster after step \d+ \((Horovod has been shut down"
+            r"|an all-reduce in flight failed).*; waiting on rank 1 on ",
             output,
             re.M,
         ), output[-2000:]

@@ -33,6 +33,15 @@ from tf_resnet.distribute.averaging import float_variables
 
 # How a Horovod op fails once Horovod has shut down.
 _SHUT_DOWN = "Horovod has been shut down"
+# What the all-reduce in flight fails with when its peer goes: the
+# transport's exception (Horovod's `ExecuteOperation` turns it into an
+# UnknownError), before the shutdown that every later collective reports.
+_TRANSPORT_FAILURES = (
+    "gloo/transport",
+    "Timed out waiting",
+    "Connection closed by peer",
+    "Connection reset by peer",
+)
 
 
 def tf_variables(variables):
@@ -172,12 +181,18 @@ class HorovodDistributor(base.Distributor):
         """Horovod shut down: Gloo's timeout, or another rank's failure.
 
         Either ends Horovod's background thread, and every collective
-        after that fails with this message (the cause is logged above it).
+        after that fails with its shutdown message (the cause is logged
+        above it); the one in flight then fails with the transport's own.
         """
-        if isinstance(error, tf.errors.UnknownError) and _SHUT_DOWN in str(
-            error
-        ):
-            return f"{_SHUT_DOWN}: a peer failed or timed out, said above"
+        if isinstance(error, tf.errors.UnknownError):
+            said = str(error)
+            if _SHUT_DOWN in said:
+                return f"{_SHUT_DOWN}: a peer failed or timed out, said above"
+            if any(failure in said for failure in _TRANSPORT_FAILURES):
+                return (
+                    "an all-reduce in flight failed "
+                    f"({base.error_words(error)}), and Horovod shut down"
+                )
         return super().lost_peer(error)
 
     def peers(self):
