@@ -269,14 +269,22 @@ class Calibration:
         )
 
     def cluster(self, gpus, gpus_per_node, network, node, ps_tasks=None):
-        """The `traffic.Cluster` of `gpus` (network None: one node)."""
+        """The `traffic.Cluster` of `gpus`.
+
+        Its node links are `network`'s where the GPUs fill more than one
+        node, else the node's own (network None: one node).
+        """
+        across = network if network and gpus > gpus_per_node else node
         return traffic.Cluster(
-            gpus, gpus_per_node, self.link(network or node), self.link(node),
+            gpus, gpus_per_node, self.link(across), self.link(node),
             ps_tasks=ps_tasks, call_seconds=self.call_ms / 1e3,
         )  # fmt: skip
 
     def straggling(self, compute, gpus):
-        """Seconds a synchronous step of `gpus` waits for the slowest."""
+        """Seconds a synchronous step of `gpus` waits for the slowest.
+
+        `straggle` may be an array (`fit`'s grid): then so is the result.
+        """
         if gpus <= 1:
             return 0.0
         return self.straggle * compute * math.sqrt(2 * math.log(gpus))
@@ -292,68 +300,79 @@ CALL_MS = (0.0, 0.1, 0.3, 1.0, 2.0)
 STRAGGLES = np.round(np.arange(0.0, 0.08, 0.001), 3)
 
 
-def anchor_step(anchor, gpus, gradients, calibration):
-    """One step of `anchor`'s job on `gpus` of its GPUs, seconds."""
-    compute = anchor.step
-    network = anchor.network if gpus > anchor.gpus_per_node else None
+def anchor_exposed(anchor, gpus, gradients, calibration):
+    """Seconds of the anchor's all-reduce on `gpus` nothing hides."""
     cluster = calibration.cluster(
-        gpus, anchor.gpus_per_node, network, anchor.node
+        gpus, anchor.gpus_per_node, anchor.network, anchor.node
     )
     knobs = traffic.Knobs(
         compression=anchor.compression, cycle_ms=anchor.cycle_ms
     )
-    exposed = traffic.ALL_REDUCE_EVERY_STEP.exposed_seconds(
-        gradients, compute, cluster, knobs
+    return traffic.ALL_REDUCE_EVERY_STEP.exposed_seconds(
+        gradients, anchor.step, cluster, knobs
     )
-    return compute + exposed + calibration.straggling(compute, gpus)
+
+
+def _efficiency(anchor, whole, node, calibration):
+    """The anchor's efficiency from the seconds its all-reduce exposes.
+
+    `whole`: on all its GPUs; `node`: on one node, read only where the
+    anchor starts from a node (`node_efficiency`).
+    """
+
+    def step(gpus, exposed):
+        return anchor.step + exposed + calibration.straggling(anchor.step, gpus)
+
+    if anchor.node_efficiency is None:
+        return anchor.step / step(anchor.gpus, whole)
+    return (
+        anchor.node_efficiency
+        * step(anchor.gpus_per_node, node)
+        / step(anchor.gpus, whole)
+    )
+
+
+def _exposures(anchor, gradients, calibration):
+    """`(whole, node)` of `_efficiency` (node: 0 where it is not read)."""
+    whole = anchor_exposed(anchor, anchor.gpus, gradients, calibration)
+    if anchor.node_efficiency is None:
+        return whole, 0.0
+    node = anchor_exposed(anchor, anchor.gpus_per_node, gradients, calibration)
+    return whole, node
 
 
 def anchor_efficiency(anchor, gradients, calibration):
     """The model's figure for the anchor's published efficiency."""
-    whole = anchor_step(anchor, anchor.gpus, gradients, calibration)
-    if anchor.node_efficiency is None:
-        return anchor.step / whole
-    node = anchor_step(anchor, anchor.gpus_per_node, gradients, calibration)
-    return anchor.node_efficiency * node / whole
+    exposed = _exposures(anchor, gradients, calibration)
+    return _efficiency(anchor, *exposed, calibration)
 
 
 class _Table:
     """Each anchor's communication per grid point, worked out once.
 
-    The straggle enters in closed form, and each anchor's links take one
-    share (tcp or rdma), so `fit` searches the shares one kind at a time.
+    The straggle enters in closed form (`_efficiency` over the whole grid
+    of it at once), and each anchor's links take one share (tcp or rdma),
+    so `fit` searches the shares one kind at a time.
     """
 
     def __init__(self, anchors, gradients):
         self.anchors = anchors
         self.exposed = []  # Per anchor: {(share, call_ms): (whole, node)}.
         for anchor in anchors:
-            table = {}
-            for share in SHARES[anchor.kind]:
-                for call_ms in CALL_MS:
-                    calibration = Calibration(share, share, call_ms, 0.0)
-                    table[share, call_ms] = tuple(
-                        anchor_step(anchor, gpus, gradients[anchor.model],
-                                    calibration) - anchor.step
-                        for gpus in (anchor.gpus, anchor.gpus_per_node)
-                    )  # fmt: skip
-            self.exposed.append(table)
+            self.exposed.append({
+                (share, call_ms): _exposures(
+                    anchor, gradients[anchor.model],
+                    Calibration(share, share, call_ms, 0.0),
+                )
+                for share in SHARES[anchor.kind]
+                for call_ms in CALL_MS
+            })  # fmt: skip
 
     def efficiencies(self, index, share, call_ms):
         """The anchor's efficiency at every straggle of the grid."""
-        anchor = self.anchors[index]
-        whole, node = self.exposed[index][share, call_ms]
-        step = anchor.step
-
-        def steps(gpus, exposed):
-            spread = math.sqrt(2 * math.log(gpus)) if gpus > 1 else 0.0
-            return step + exposed + STRAGGLES * step * spread
-
-        ratio = 1 / steps(anchor.gpus, whole)
-        if anchor.node_efficiency is None:
-            return step * ratio
-        node_step = steps(anchor.gpus_per_node, node)
-        return anchor.node_efficiency * node_step * ratio
+        grid = Calibration(share, share, call_ms, STRAGGLES)
+        exposed = self.exposed[index][share, call_ms]
+        return _efficiency(self.anchors[index], *exposed, grid)
 
     def fit(self, indices):
         """The least-squares `Calibration` to the anchors at `indices`."""

@@ -408,7 +408,6 @@ def project(model_step, gradients, gpus, gpus_per_node, network, engine,
         tcp=fitted.tcp * transport.share,
         rdma=fitted.rdma * transport.share,
     )
-    network = network if gpus > gpus_per_node else None
     cluster = scaled.cluster(gpus, gpus_per_node, network, node)
     exposed = engine.traffic.exposed_seconds(gradients, compute, cluster, knobs)
     return Projection(
