@@ -48,10 +48,10 @@ from tf_resnet import (  # noqa: E402
     train_loop,
 )
 from tf_resnet.checkpointing import first_line  # noqa: E402
-from tf_resnet.config import engines  # noqa: E402
 from tf_resnet.config import flags as resnet_flags  # noqa: E402
 from tf_resnet.distribute.base import LOST_TASK_ERRORS  # noqa: E402
-from tf_resnet.distributors import make_distributor, serve  # noqa: E402
+from tf_resnet.engines import startup  # noqa: E402
+from tf_resnet.engines.distributors import make_distributor, serve  # noqa: E402
 from tf_resnet.errors import UserInputError  # noqa: E402
 
 FLAGS = resnet_flags.FLAGS
@@ -77,11 +77,11 @@ def run(argv):
             export.export(config, config.run.export_dir, config.run.checkpoint)
             return 0
         dist = config.distribution
-        if serve(dist):  # A task that only serves its cluster.
+        if serve(started.engine, dist):  # A task that only serves its cluster.
             return 0
         alone = None
         if config.run.mode == "train":  # An eval job is one process.
-            alone = engines.alone(started.engine, started.reason, dist)
+            alone = startup.alone(started.engine, started.reason, dist)
         distributor = make_distributor(
             started.engine,
             config.optim.batch_size,

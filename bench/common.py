@@ -191,7 +191,7 @@ def start_mode(config):
     import keras
 
     from tf_resnet import runtime
-    from tf_resnet.distributors import make_distributor
+    from tf_resnet.engines.distributors import make_distributor
 
     started = runtime.start(config)
     keras.utils.set_random_seed(0)

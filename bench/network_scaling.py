@@ -54,6 +54,7 @@ import scaling_score  # noqa: E402
 
 from tf_resnet import scaling, traffic  # noqa: E402
 from tf_resnet.config import engines  # noqa: E402
+from tf_resnet.engines import registry  # noqa: E402
 
 RESULT = "NETWORK_SCALING_RESULT "
 # The links' rate where a job's step is to hold no network time, Mbit/s.
@@ -116,7 +117,7 @@ def run_worker(spec):
     from tf_resnet.distribute.base import TrainState
 
     size, classes = model_shape(spec["model"])
-    ps = spec["flags"]["distribution"] == "parameter_server"
+    ps = engines.get(spec["flags"]["distribution"]).asynchronous
     config = make_config(
         train_data_path=common.DATA["cifar10"]["path"],
         model=spec["model"],
@@ -495,18 +496,15 @@ class Job:
 
     def start(self):
         """Starts every process; returns the chief's."""
-        engine = self.spec["flags"]["distribution"]
+        engine = engines.get(self.spec["flags"]["distribution"])
         env = {
             **os.environ,
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1",
         }
-        if engine in ("horovod", "averaging"):
-            return self._horovod(env)
-        if engine == "multi_worker":
-            return self._multi_worker(env)
-        return self._parameter_server(env)
+        # The processes its transport connects, as its launcher starts them.
+        return getattr(self, f"_{engine.transport.launcher}")(env)
 
     @staticmethod
     def collect(chief, timeout=900):
@@ -569,7 +567,7 @@ class Job:
             chief = chief or process
         return chief
 
-    def _multi_worker(self, env):
+    def _tf_config_cluster(self, env):
         workers = [
             f"{self.cluster.address(n)}:{self.port}" for n in self.node_range
         ]
@@ -585,7 +583,7 @@ class Job:
             chief = chief or process
         return chief
 
-    def _parameter_server(self, env):
+    def _ps(self, env):
         """The ps and coordinator on a node of their own; a worker per node."""
         ps_node = self.cluster.nodes - 1
         ps_hosts = [f"{self.cluster.address(ps_node)}:{self.port}"]
@@ -698,54 +696,79 @@ class Row:
 
 
 def rows(average_every, pack_bytes, bucket_sizes=()):
-    """The engines, then the knobs measured beside them."""
+    """The engines, then the knobs measured beside them.
+
+    Read from the records of the engines that send something between
+    nodes (`registry.across_nodes`), so a new one has its rows: bucket
+    sizes, the one all-reduce and a second inter-op thread where it
+    overlaps, fp16 where it compresses, packs where it takes them,
+    `average_every` where it takes local steps, its record's scripts;
+    accumulation, the training loop's and not the engine's, on the first.
+    """
+    sending = registry.across_nodes()
+    overlapping = [e for e in sending if e.overlaps]
     packs = {"all_reduce_pack_bytes": pack_bytes}
     pack_mb = f"{pack_bytes / 2**20:g} MiB"
+
+    def plain(engine):
+        if engine.update is registry.Update.PROCESS:
+            return Row(
+                f"{engine.name} every {average_every}",
+                {"distribution": engine.name, "average_every": average_every},
+            )
+        return Row(engine.name, {"distribution": engine.name})
+
+    def scripts(engine):  # (name, script) of its step and its scripts.
+        return [(engine.name, ""), *engine.scripts]
+
     return [
         *(
-            Row(f"{engine}, buckets of {mib:g} MiB",
-                {"distribution": engine,
+            Row(f"{engine.name}, buckets of {mib:g} MiB",
+                {"distribution": engine.name,
                  "all_reduce_pack_bytes": int(mib * 2**20)},
                 buckets=True)
-            for engine in ("horovod", "multi_worker")
+            for engine in overlapping
             for mib in bucket_sizes
         ),
-        Row("horovod", {"distribution": "horovod"}),
-        Row("multi_worker", {"distribution": "multi_worker"}),
-        Row(
-            f"averaging every {average_every}",
-            {"distribution": "averaging", "average_every": average_every},
+        *(plain(engine) for engine in sending),
+        *(
+            Row(f"{engine.name}, fp16", {"distribution": engine.name,
+                                         "gradient_compression": "fp16"},
+                True)
+            for engine in sending if engine.compresses
         ),
-        Row("parameter_server", {"distribution": "parameter_server"}),
-        Row("horovod, fp16", {"distribution": "horovod",
-                              "gradient_compression": "fp16"}, True),
-        Row("multi_worker, fp16", {"distribution": "multi_worker",
-                                   "gradient_compression": "fp16"}, True),
-        Row(f"horovod, packs of {pack_mb}",
-            {"distribution": "horovod", **packs}, True),
-        Row(f"multi_worker, packs of {pack_mb}",
-            {"distribution": "multi_worker", **packs}, True),
-        Row("horovod, accumulate 4",
-            {"distribution": "horovod", "accumulate_steps": 4}, True),
-        Row("horovod, one group",
-            {"distribution": "horovod", "overlap_all_reduce": False},
-            overlap=True),
-        Row("DistributedGradientTape script", {"distribution": "horovod"},
-            overlap=True, script="tape"),
-        Row("multi_worker, one pack",
-            {"distribution": "multi_worker", "overlap_all_reduce": False},
-            overlap=True),
+        *(
+            Row(f"{engine.name}, packs of {pack_mb}",
+                {"distribution": engine.name, **packs}, True)
+            for engine in sending if engine.packs
+        ),
+        *(
+            Row(f"{engine.name}, accumulate 4",
+                {"distribution": engine.name, "accumulate_steps": 4}, True)
+            for engine in overlapping[:1]
+        ),
+        *(
+            row
+            for engine in overlapping
+            for row in (
+                Row(f"{engine.name}, one {engine.one_all_reduce}",
+                    {"distribution": engine.name,
+                     "overlap_all_reduce": False},
+                    overlap=True),
+                *(Row(name, {"distribution": engine.name}, overlap=True,
+                      script=script)
+                  for name, script in engine.scripts),
+            )
+        ),
         # A second inter-op thread, as TensorFlow's default gives a node
         # of more than one core: the all-reduce's ops need not wait for
         # the backward pass's on the one thread.
         *(
-            Row(f"{name}, 2 inter-op threads", {"distribution": engine},
+            Row(f"{name}, 2 inter-op threads",
+                {"distribution": engine.name},
                 overlap=True, script=script, inter_op_threads=2)
-            for name, engine, script in (
-                ("horovod", "horovod", ""),
-                ("DistributedGradientTape script", "horovod", "tape"),
-                ("multi_worker", "multi_worker", ""),
-            )
+            for engine in overlapping
+            for name, script in scripts(engine)
         ),
     ]  # fmt: skip
 
@@ -785,7 +808,7 @@ class ModelJobs:
         return f"{flags}" + (f" ({', '.join(own)})" if own else "")
 
     def job(self, flags, nodes, extra=None):
-        processes = 1 if flags["distribution"] == "parameter_server" else nodes
+        processes = 1 if engines.get(flags["distribution"]).serve else nodes
         self.log(f"  {self.model} {self.described(flags, extra)} on {nodes} "
                  "node(s) ...")  # fmt: skip
         spec = self.spec(flags, processes, extra)
@@ -881,11 +904,12 @@ def calibrate(jobs, network):
 def transports(args):
     """`{transport: flags}` of the sweeps the run's rows need."""
     wanted = args.only.split(",") if args.only else None
-    needed = wanted and {TRANSPORT.get(e, e) for e in wanted}
-    every = {"horovod": {}, "multi_worker": {}}
+    needed = wanted and {engines.get(e).transport.name for e in wanted}
+    swept = [e for e in registry.across_nodes() if e.overlaps]
+    every = {e.transport.name: {} for e in swept}
     if args.knobs:
         fp16 = {"gradient_compression": "fp16"}
-        every.update({"horovod+fp16": fp16, "multi_worker+fp16": fp16})
+        every.update({f"{e.transport.name}+fp16": fp16 for e in swept})
     return {
         transport: knobs
         for transport, knobs in every.items()
@@ -900,7 +924,7 @@ def selected_rows(args):
     def chosen(row):
         if wanted and row.engine not in wanted:
             return False
-        overlaps = engines.ENGINES[row.engine].overlaps
+        overlaps = engines.get(row.engine).overlaps
         engine_row = not (row.knob or row.overlap or row.buckets)
         if args.bucket_sizes:  # Their default bucket size, and others.
             return row.buckets or (overlaps and engine_row)
@@ -921,7 +945,7 @@ def single_node_jobs(jobs, row, runs, rate):
     run here, before the round's predictions: no network, no job the
     predictions are scored against.
     """
-    if row.engine != "parameter_server":
+    if not engines.get(row.engine).asynchronous:
         runs["1"].append(jobs.twin(row.flags, row.job_spec))
         return
     runs["1"].append(jobs.job(row.flags, 1))
@@ -941,7 +965,7 @@ def two_node_job(jobs, row):
     """
     own = row.job_spec
     plain = row.flags == {"distribution": row.engine} and not own
-    ps = row.engine == "parameter_server"
+    ps = engines.get(row.engine).asynchronous
     extra = {"communication_alone": plain and not ps, **own}
     return jobs.job(row.flags, 2, extra)
 
@@ -1030,11 +1054,6 @@ def paired_slower(first, second, every=1):
     )
 
 
-# The all-reduce that carries each engine here: averaging runs on Horovod's
-# ranks (`Job._horovod`).
-TRANSPORT = {"averaging": "horovod"}
-
-
 def knobs_of(flags, script="", bucket_bytes=None, threads=None):
     """The `traffic.Knobs` of a row's flags (and script).
 
@@ -1047,7 +1066,7 @@ def knobs_of(flags, script="", bucket_bytes=None, threads=None):
     `threads` 1: its buckets go one after another after the backward pass.
     """
     del script
-    engine = engines.ENGINES[flags["distribution"]]
+    engine = engines.get(flags["distribution"])
     overlaps = flags.get("overlap_all_reduce", True)
     overlap = overlaps and not (
         engine.overlap_waits_for_a_thread and threads == 1
@@ -1084,7 +1103,7 @@ def fits_of(result):
 
 def transport_of(flags):
     """The fitted transport that carries a row's communication."""
-    engine = TRANSPORT.get(flags["distribution"], flags["distribution"])
+    engine = engines.get(flags["distribution"]).transport.name
     fp16 = flags.get("gradient_compression") == "fp16"
     return f"{engine}+fp16" if fp16 else engine
 
@@ -1148,7 +1167,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
       `(seconds, the communication's CPU time added to them)`.
     """
     flags = row["flags"]
-    engine = engines.ENGINES[flags["distribution"]]
+    engine = engines.get(flags["distribution"])
     if engine.traffic is traffic.PUSH_PULL:
         # One worker's pull and push: its 1-node step less the same job's
         # on unshaped links. The step without the network on two nodes is
@@ -1182,7 +1201,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
 
 def asynchronous(row):
     """Whether a saved row's engine is asynchronous (parameter_server)."""
-    return engines.ENGINES[row["flags"]["distribution"]].asynchronous
+    return engines.get(row["flags"]["distribution"]).asynchronous
 
 
 def predict_round(result, selected, runs, round_, gradients):

@@ -34,7 +34,7 @@ from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
 from tf_resnet import builders, runtime, train_loop  # noqa: E402
 from tf_resnet.config.settings import make_config  # noqa: E402
 from tf_resnet.distribute.base import TrainState  # noqa: E402
-from tf_resnet.distributors import make_distributor  # noqa: E402
+from tf_resnet.engines.distributors import make_distributor  # noqa: E402
 
 # Steps profiled one by one: a step whose peer lags (a loaded machine)
 # shows this process's all-reduces waiting for it.

@@ -31,7 +31,6 @@ strategy batches into one collective) plus the same `reduce_sum`.
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -44,6 +43,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import train_step  # noqa: E402
 
+from tf_resnet.config import engines  # noqa: E402
+from tf_resnet.engines import registry, startup  # noqa: E402
+
 RESULT = "SCALING_RESULT "
 
 
@@ -55,7 +57,8 @@ def run_rank(spec):
     from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.base import TrainState
 
-    ranks = processes_in_job()
+    engine = engines.get(spec["distribution"])
+    ranks = startup.processes_in_sync(engine)
     data = common.DATA["cifar10"]
     config = make_config(
         train_data_path=data["path"],
@@ -97,7 +100,8 @@ def run_rank(spec):
 
     @tf.function
     def all_reduce(grads, scalars):
-        if spec["distribution"] != "multi_worker":
+        # A tf.distribute engine across processes reduces in a replica.
+        if engine.per_process or not engine.traffic:
             reduced = mode.all_reduce_gradients(grads)
             return reduced[0][0], mode.reduce_sum(scalars)
 
@@ -140,23 +144,13 @@ def run_rank(spec):
     mode.shutdown()
 
 
-def processes_in_job():
-    """Ranks (Horovod) or workers (multi_worker's TF_CONFIG) of this job."""
-    if "TF_CONFIG" in os.environ:
-        return len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-    return int(os.environ.get("HOROVOD_SIZE", "1"))
-
-
 def run_job(spec, ranks, env):
     """Runs one configuration; returns rank 0's result dict."""
     worker_flags = ["--worker", json.dumps(spec)]
-    # The project's launchers: processes in a loopback-only namespace. The
+    # The engine's launcher: processes in a loopback-only namespace. The
     # multi_worker one also appends --distribution=multi_worker, which the
     # worker ignores (its spec says so already).
-    launcher = {
-        "horovod": "tf_resnet.launch.horovod",
-        "multi_worker": "tf_resnet.launch.tf_config_cluster",
-    }.get(spec["distribution"])
+    launcher = f"tf_resnet.launch.{engines.get(spec['distribution']).launcher}"
     if ranks:
         command = [
             sys.executable, "-m", launcher, f"--np={ranks}",
@@ -235,12 +229,12 @@ def main():
             "1 rank x 1 thread",
         ),
     }
-    if importlib.util.find_spec("horovod") is None:
+    if not registry.installed(registry.HOROVOD):
         print("(no Horovod here: multi_worker and the plain process only)")
         configs = {
             name: (*config[:4], "multi_worker, 1 worker x 1 thread")
             for name, config in configs.items()
-            if config[0]["distribution"] != "horovod"
+            if config[0] is not horovod
         }
     results = {name: [] for name in configs}
     for round_index in range(args.repetitions):

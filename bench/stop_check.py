@@ -22,13 +22,16 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tf_resnet.config import engines  # noqa: E402
+
 BLOCK = 10
 WORKER = "STOP_CHECK_WORKER"
 
 
 def worker():
     """`resnet_main.py` on resnet8, the stop check on and off in blocks."""
-    sys.path.insert(0, ROOT)
     import resnet_main
     from tf_resnet import models
 
@@ -73,7 +76,7 @@ def worker():
 
 def measure(engine, steps, data):
     """`[(with check ms, without ms)]` of each process of one run."""
-    launcher = "tf_config_cluster" if engine == "multi_worker" else "horovod"
+    launcher = engines.get(engine).launcher
     with tempfile.TemporaryDirectory() as scratch:
         command = [
             sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",

@@ -21,9 +21,9 @@ from tests import engine_runs
 from tests.engine_runs import Spec
 from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
 from tf_resnet import detect
-from tf_resnet.config import engines
 from tf_resnet.config.settings import DistributionConfig
-from tf_resnet.distributors import distributor_for
+from tf_resnet.engines import registry
+from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.errors import UserInputError
 
 ENGINES = pytest.mark.parametrize(
@@ -137,17 +137,17 @@ def test_averaging_engine_follows_how_the_processes_were_started(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.delenv("TF_CONFIG", raising=False)
     config = DistributionConfig()
-    assert engines.averaging_transport(config)[0] == "horovod"
+    assert registry.averaging_carrier(config)[0].name == "horovod"
     hosts = DistributionConfig(worker_hosts=("a:1", "b:2"))
-    assert engines.averaging_transport(hosts) == (
-        "multi_worker",
+    assert registry.averaging_carrier(hosts) == (
+        registry.MULTI_WORKER,
         "--worker_hosts",
     )
     workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
-    assert engines.averaging_transport(config)[0] == "multi_worker"
+    assert registry.averaging_carrier(config)[0].name == "multi_worker"
     monkeypatch.setenv("HOROVOD_SIZE", "2")  # horovodrun's ranks win.
-    assert engines.averaging_transport(config)[0] == "horovod"
+    assert registry.averaging_carrier(config)[0].name == "horovod"
 
 
 @pytest.mark.parametrize("devices", ["--num_gpus=4", "--cpu_replicas=4"])
@@ -177,7 +177,7 @@ def test_several_devices_in_one_process_name_the_launcher_to_run(
 
 
 def test_launcher_commands_keep_a_custom_main_and_add_the_mode():
-    (command, *_) = engines.launcher_commands(
+    (command, *_) = registry.launcher_commands(
         2, ["tests/hvd_worker.py", "--num_gpus", "2", "--model=resnet8"]
     )
     assert command == (

@@ -26,9 +26,9 @@ import pytest
 from absl import flags
 
 from tests.helpers import IN_PRIVATE_NETWORK, ROOT
-from tf_resnet import detect, devices
-from tf_resnet.config import engines
+from tf_resnet import detect
 from tf_resnet.config import flags as resnet_flags
+from tf_resnet.engines import devices, startup
 
 HOSTS = ("127.0.0.1", "127.0.0.2")
 # Variables a recorded process keeps: the launchers' and schedulers'.
@@ -215,14 +215,14 @@ def planned(record, gpus, monkeypatch):
     values(["resnet_main.py", *record["argv"]])
     config = resnet_flags.config_from_flags(values)
     dist = config.distribution
-    engine, _ = engines.resolve(dist.distribution, config.preset, dist)
+    engine, _ = startup.resolve(dist.distribution, config.preset, dist)
     node = devices.Node(
         tuple(str(g) for g in range(gpus)),
         *detect.local_process(dist.task_index),
     )
     job = detect.server_job(dist.job_name)
     plan = devices.plan(
-        engines.devices_rule(engine),
+        startup.devices_rule(engine),
         dist.num_gpus,
         dist.cpu_replicas,
         node,

@@ -11,7 +11,7 @@ import pytest
 
 from tests import helpers
 from tf_resnet import calibration, scaling, traffic
-from tf_resnet.config import engines
+from tf_resnet.engines import registry
 
 MB = 1e6
 
@@ -92,7 +92,7 @@ def test_under_xla_nothing_overlaps_and_the_step_is_xlas():
     step = scaling.GPU_STEPS["resnet50"]
     gradients = traffic.Gradients((25 * MB,) * 4, (0.1, 0.4, 0.7, 1.0))
     network = calibration.NETWORKS["25gbe"]
-    horovod = engines.ENGINES["horovod"]
+    horovod = registry.ENGINES["horovod"]
 
     def project(knobs=None, xla=False):
         return scaling.project(
@@ -116,12 +116,12 @@ def test_a_synchronous_projection_waits_for_the_slowest_gpu():
     nothing = traffic.Gradients.at_end(1.0)
     network = calibration.NETWORKS["100ib"]
     for name in ("horovod", "multi_worker"):
-        engine = engines.ENGINES[name]
+        engine = registry.ENGINES[name]
         one_node = scaling.project(step, nothing, 8, 8, network, engine)
         more = scaling.project(step, nothing, 512, 8, network, engine)
         assert 0 < one_node.waiting < more.waiting
         assert more.efficiency < one_node.efficiency < 1
-    ps = engines.ENGINES["parameter_server"]
+    ps = registry.ENGINES["parameter_server"]
     assert scaling.project(step, nothing, 64, 8, network, ps).waiting == 0
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tf_resnet import detect, devices
-from tf_resnet.config import engines
+from tf_resnet import detect
+from tf_resnet.engines import devices, startup
 from tf_resnet.errors import UserInputError
 
 Node = devices.Node
@@ -44,7 +44,7 @@ TABLE = [
 def test_each_engine_keeps_the_gpus_of_its_rule(
     engine, num_gpus, node, job, kept
 ):
-    plan = devices.plan(engines.devices_rule(engine), num_gpus, 1, node, job)
+    plan = devices.plan(startup.devices_rule(engine), num_gpus, 1, node, job)
     assert plan.gpus == kept
     assert plan.gpu_ids == tuple(node.gpu_ids[i] for i in kept)
     assert plan.replicas == max(len(kept), 1)
@@ -54,7 +54,7 @@ def test_each_engine_keeps_the_gpus_of_its_rule(
 def test_multi_worker_keeps_the_gpus_it_was_given():
     """The bug this plan fixes: multi_worker used to hide every GPU."""
     plan = devices.plan(
-        engines.devices_rule("multi_worker"), 0, 1, Node(gpus(2))
+        startup.devices_rule("multi_worker"), 0, 1, Node(gpus(2))
     )
     assert plan.device_names == ["/gpu:0", "/gpu:1"]
 
@@ -64,7 +64,7 @@ def test_cuda_visible_devices_renumbers(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     node = Node(detect.gpu_ids(2), 1, 2, "horovodrun")
-    plan = devices.plan(engines.devices_rule("horovod"), 0, 1, node)
+    plan = devices.plan(startup.devices_rule("horovod"), 0, 1, node)
     assert (plan.gpus, plan.gpu_ids) == ((1,), ("5",))
     assert plan.describe() == "GPU 0 (CUDA 5)"
     assert plan.device_names == ["/gpu:0"]  # The one kept is /gpu:0.
@@ -123,12 +123,12 @@ def test_asking_for_more_than_exists_is_one_clear_error(
     engine, num_gpus, node, message
 ):
     with pytest.raises(UserInputError) as error:
-        devices.plan(engines.devices_rule(engine), num_gpus, 1, node)
+        devices.plan(startup.devices_rule(engine), num_gpus, 1, node)
     assert message in str(error.value)
     assert "\n" not in str(error.value)
 
 
 def test_cpu_replicas_without_gpus():
-    plan = devices.plan(engines.devices_rule("mirrored"), 0, 2, Node())
+    plan = devices.plan(startup.devices_rule("mirrored"), 0, 2, Node())
     assert plan.device_names == ["/cpu:0", "/cpu:1"]
     assert plan.describe() == "CPU as 2 logical devices"

@@ -134,7 +134,7 @@ import json, sys
 import tf_resnet
 from tf_resnet import dry_run, runtime
 from tf_resnet.config import settings
-from tf_resnet.distributors import make_distributor
+from tf_resnet.engines.distributors import make_distributor
 config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)
 mode = make_distributor(started.engine, config.optim.batch_size,

@@ -1,25 +1,33 @@
-"""An engine's facts live in its `Engine` entry: nothing else tests names.
+"""An engine's facts live in its `Engine` record: nothing else tests names.
 
-Read as source, without running it: every condition of the package that
-compares with an engine's name, outside `engines.py` and the engine's own
-modules, is a fact of the engine kept somewhere else; every read of a
-launcher's environment variable outside `detect.py` is a second place that
-knows how processes are started.
+Read as source, without running it: every condition, loop, dictionary key
+or subscript of the package, `resnet_main.py` and the benchmarks that
+names an engine, outside the engine wing (`tf_resnet/engines/`) and the
+engine's own modules, is a fact of the engine kept somewhere else; every
+read of a launcher's environment variable outside `detect.py` is a second
+place that knows how processes are started.
 """
 
 import ast
 import pathlib
 
 from tests.helpers import ROOT
-from tf_resnet.config import engines
+from tf_resnet.engines import registry
 
 PACKAGE = pathlib.Path(ROOT) / "tf_resnet"
-# Besides `engines.py`, the modules an engine's name may be tested in: its
-# mode's and its launcher's.
+BENCH = pathlib.Path(ROOT) / "bench"
+# The engine wing: where every engine's facts are.
+WING = "engines/"
+# Besides the wing, the modules an engine's name may be named in: its
+# distributor's and its launcher's.
 OWN_MODULES = {
     "default": {"distribute/tf_strategy.py"},
     "mirrored": {"distribute/tf_strategy.py"},
-    "horovod": {"distribute/horovod_ranks.py", "launch/horovod.py"},
+    "horovod": {
+        "distribute/horovod_ranks.py",
+        "launch/horovod.py",
+        "launch/batch_job.py",  # Its Horovod step's command lines.
+    },
     "averaging": {"distribute/averaging.py"},
     "parameter_server": {"distribute/parameter_server.py", "launch/ps.py"},
     "multi_worker": {
@@ -35,14 +43,18 @@ LAUNCH_VARIABLES = (
 
 
 def _sources():
-    files = sorted(PACKAGE.rglob("*.py")) + [
-        pathlib.Path(ROOT, "resnet_main.py")
+    """`(relative path, tree)`: the package's relative to it, the others'
+    to the repository (`resnet_main.py`, `bench/...`)."""
+    files = [
+        *sorted(PACKAGE.rglob("*.py")),
+        pathlib.Path(ROOT, "resnet_main.py"),
+        *sorted(BENCH.rglob("*.py")),
     ]
     for path in files:
         relative = (
             path.relative_to(PACKAGE).as_posix()
             if (PACKAGE in path.parents)
-            else path.name
+            else path.relative_to(ROOT).as_posix()
         )
         yield relative, ast.parse(path.read_text(encoding="utf-8"))
 
@@ -57,7 +69,12 @@ def _strings(node):
 
 
 def engine_names_in_conditions(relative, tree):
-    """`[(line, name)]` of engine names compared with in `tree`."""
+    """`[(line, name)]` of engine names tested, looped over or used as keys.
+
+    A name compared with or matched; a name in the tuple a loop or a
+    comprehension runs over; a dictionary's key; a subscript's. A name as
+    a value (the `--distribution` of a job the bench runs) is not a fact.
+    """
     found = []
     for node in ast.walk(tree):
         operands = []
@@ -65,13 +82,21 @@ def engine_names_in_conditions(relative, tree):
             operands = [node.left, *node.comparators]
         elif isinstance(node, ast.MatchValue):
             operands = [node.value]
+        elif isinstance(node, ast.For | ast.comprehension):
+            operands = [node.iter]
+        elif isinstance(node, ast.Dict):
+            operands = [key for key in node.keys if key is not None]
+        elif isinstance(node, ast.Subscript):
+            operands = [node.slice]
         for operand in operands:
             for name in _strings(operand):
-                if name in engines.ENGINES and relative not in (
-                    {"config/engines.py"} | OWN_MODULES[name]
+                if (
+                    name in registry.ENGINES
+                    and not relative.startswith(WING)
+                    and relative not in OWN_MODULES.get(name, ())
                 ):
-                    found.append((node.lineno, name))
-    return found
+                    found.append((operand.lineno, name))
+    return sorted(found, key=lambda found: found[0])
 
 
 def launch_variables_read(tree):
@@ -107,18 +132,18 @@ def launch_variables_read(tree):
 
 
 def test_every_engine_has_its_own_modules_listed():
-    assert set(OWN_MODULES) == set(engines.ENGINES)
+    assert set(OWN_MODULES) == set(registry.ENGINES)
     for modules in OWN_MODULES.values():
         assert all((PACKAGE / module).is_file() for module in modules)
 
 
-def test_no_condition_outside_the_registry_names_an_engine():
+def test_no_condition_outside_the_wing_names_an_engine():
     found = [
-        f"tf_resnet/{relative}:{line}: {name}"
+        f"{relative}:{line}: {name}"
         for relative, tree in _sources()
         for line, name in engine_names_in_conditions(relative, tree)
     ]
-    assert not found, "engine facts outside engines.py:\n" + "\n".join(found)
+    assert not found, "engine facts outside the wing:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_name_in_a_condition():
@@ -129,6 +154,23 @@ def test_the_check_sees_a_name_in_a_condition():
     ]
     assert engine_names_in_conditions("launch/tf_config_cluster.py", tree) == [
         (1, "averaging")
+    ]
+    assert engine_names_in_conditions("engines/startup.py", tree) == []
+
+
+def test_the_check_sees_a_loop_a_key_and_a_subscript_naming_an_engine():
+    tree = ast.parse(
+        'for e in ("horovod", "x"):\n    pass\n'
+        '[e for e in ["mirrored"]]\n'
+        'launcher = {"multi_worker": "tf_config_cluster"}\n'
+        'ENGINES["averaging"]\n'
+        'job({"distribution": "horovod"})\n'
+    )
+    assert engine_names_in_conditions("bench/scaling.py", tree) == [
+        (1, "horovod"),
+        (3, "mirrored"),
+        (4, "multi_worker"),
+        (5, "averaging"),
     ]
 
 

@@ -36,8 +36,9 @@ from tests.helpers import (
     run_python,
 )
 from tf_resnet import detect, log_root_lock
-from tf_resnet.config import engines, settings, validation
+from tf_resnet.config import settings, validation
 from tf_resnet.distribute import multi_worker
+from tf_resnet.engines import startup
 from tf_resnet.errors import UserInputError
 from tf_resnet.launch import tf_config_cluster as launcher
 
@@ -145,7 +146,7 @@ def test_packs_overlapped_sum_as_one_pack(knob):
 MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime
-from tf_resnet.distributors import distributor_for
+from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(gradient_compression="fp16")
 mode = distributor_for("mirrored", 2, dist, runtime.configure_devices(0, 2))
@@ -423,27 +424,27 @@ def test_auto_picks_multi_worker_in_a_tf_config_cluster_without_ps(
         monkeypatch.delenv(name, raising=False)
     workers = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(workers))
-    assert engines.resolve("auto") == (
+    assert startup.resolve("auto") == (
         "multi_worker",
         "TF_CONFIG names 2 workers, no ps",
     )
     one = {"cluster": {"worker": ["a:1"]}, "task": {"index": 0}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(one))
-    assert engines.resolve("auto")[0] == "auto"
+    assert startup.resolve("auto")[0] == "auto"
     with_ps = {"cluster": {"worker": ["a:1", "b:2"], "ps": ["c:3"]}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(with_ps))
-    assert engines.resolve("auto")[0] == "parameter_server"
+    assert startup.resolve("auto")[0] == "parameter_server"
 
 
 def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
     for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)
     preset = "course_async_cifar100"
-    assert engines.resolve("parameter_server", preset) == (
+    assert startup.resolve("parameter_server", preset) == (
         "parameter_server",
         f"--preset={preset}",
     )
-    assert engines.resolve("multi_worker", preset) == (
+    assert startup.resolve("multi_worker", preset) == (
         "multi_worker",
         "--distribution",
     )

@@ -21,7 +21,7 @@ from tests.helpers import (
     on_one_set,
 )
 from tf_resnet.config.settings import DistributionConfig
-from tf_resnet.distributors import distributor_for
+from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.errors import UserInputError
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests import helpers
 from tf_resnet import scaling, traffic
-from tf_resnet.config import engines
+from tf_resnet.engines import registry
 
 MB = 1e6
 
@@ -53,7 +53,7 @@ def test_each_engines_traffic_on_two_nodes():
     # One tensor, ready when the backward pass ends: nothing to overlap.
     gradients = traffic.Gradients.at_end(n)
     ring = 2 * 1e-4 + n / (100 * MB)
-    every_step = engines.ENGINES["horovod"].traffic
+    every_step = registry.ENGINES["horovod"].traffic
     for overlap in (True, False):
         assert every_step.exposed_seconds(
             gradients, compute, cluster, traffic.Knobs(overlap=overlap)
@@ -63,11 +63,11 @@ def test_each_engines_traffic_on_two_nodes():
     )
     assert half == pytest.approx(2 * 1e-4 + n / 2 / (100 * MB))
     n = gradients
-    averaging = engines.ENGINES["averaging"].traffic
+    averaging = registry.ENGINES["averaging"].traffic
     assert averaging.exposed_seconds(
         n, compute, cluster, traffic.Knobs(average_every=4)
     ) == pytest.approx((2 * 1e-4 + 2 * n.nbytes / (100 * MB)) / 4)
-    push_pull = engines.ENGINES["parameter_server"].traffic
+    push_pull = registry.ENGINES["parameter_server"].traffic
     assert push_pull.exposed_seconds(
         n, compute, cluster, traffic.Knobs()
     ) == pytest.approx(2 * n.nbytes / (100 * MB))
@@ -95,7 +95,7 @@ def test_buckets_go_one_at_a_time_once_their_gradients_exist():
     after a tenth of it, then a third, two thirds, and at its end."""
     gradients = traffic.Gradients((10 * MB,) * 4, (1.0, 2 / 3, 1 / 3, 0.1))
     cluster = _cluster()
-    every_step = engines.ENGINES["horovod"].traffic
+    every_step = registry.ENGINES["horovod"].traffic
     bucket = 2 * 1e-4 + 10 * MB / (100 * MB)  # 0.1002 s each.
     knobs = traffic.Knobs(pack_bytes=1)  # A bucket per tensor.
 
@@ -128,18 +128,18 @@ def test_a_models_gradients_appear_last_layer_first():
 
 
 def test_every_engine_that_spans_nodes_has_traffic_and_no_other():
-    for engine in engines.ENGINES.values():
+    for engine in registry.ENGINES.values():
         spans_nodes = engine.launcher is not None
         assert (engine.traffic is not None) == spans_nodes, engine.name
         if engine.traffic is not None:
-            assert engine.name in scaling.TRANSPORTS, engine.name
+            assert engine.transport is not None, engine.name
 
 
 def test_the_two_node_prediction_adds_what_the_traffic_exposes():
     fit = scaling.RingFit(c=0.005, a=1e-4, bandwidth=100 * MB)
     n = 40 * MB
     gradients = traffic.Gradients.at_end(n)
-    horovod = engines.ENGINES["horovod"]
+    horovod = registry.ENGINES["horovod"]
     plain = scaling.predict_two_nodes(
         horovod, traffic.Knobs(), 0.6, fit, gradients
     )
@@ -151,7 +151,7 @@ def test_the_two_node_prediction_adds_what_the_traffic_exposes():
     assert fp16 == pytest.approx(0.6 + fit(n / 2, 2))
     # Two workers, one ps: each update waits for its pull and push over a
     # ps link both share; their updates interleave.
-    ps = engines.ENGINES["parameter_server"]
+    ps = registry.ENGINES["parameter_server"]
     assert scaling.predict_two_nodes(
         ps, traffic.Knobs(), 1.0, fit, gradients
     ) == pytest.approx((1.0 + 4 * n / fit.bandwidth) / 2)
@@ -160,7 +160,7 @@ def test_the_two_node_prediction_adds_what_the_traffic_exposes():
 def test_efficiency_falls_with_cluster_size_and_rises_with_each_knob():
     step = scaling.GPU_STEPS["resnet50"]
     network = scaling.NETWORKS["25gbe"]
-    horovod = engines.ENGINES["horovod"]
+    horovod = registry.ENGINES["horovod"]
     n = traffic.Gradients.at_end(100 * MB)
 
     def efficiency(gpus, knobs=None, net=network):
@@ -201,7 +201,7 @@ def test_overlap_raises_the_projection_of_resnet50():
     step = scaling.GPU_STEPS["resnet50"]
     gradients = scaling.gradients_of("resnet50")
     network = scaling.NETWORKS["25gbe"]
-    horovod = engines.ENGINES["horovod"]
+    horovod = registry.ENGINES["horovod"]
     overlapped = scaling.project(step, gradients, 64, 8, network, horovod)
     after = scaling.project(
         step, gradients, 64, 8, network, horovod, traffic.Knobs(overlap=False)

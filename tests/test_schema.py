@@ -1,18 +1,16 @@
 """One schema: every flag is generated from its config field; one registry."""
 
-import ast
 import importlib
 import importlib.util
-import inspect
-import textwrap
 
 import pytest
 from absl import flags
 
 from tests.helpers import run_python
-from tf_resnet import data, detect, distributors
+from tf_resnet import data, detect
 from tf_resnet.config import engines, schema, settings, validation
 from tf_resnet.config import flags as resnet_flags
+from tf_resnet.engines import distributors, registry, startup
 from tf_resnet.errors import UserInputError
 
 # The flags of the original tensorflow/models resnet_main.py and of the Ray
@@ -101,45 +99,23 @@ def test_the_eval_job_has_its_own_default_dir(tmp_path):
     assert job.run.eval_dir == str(tmp_path / "eval_job")
 
 
-def _calls(function):
-    """`[(module, function)]` that a lazy factory imports and calls."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-    imported = {
-        alias.asname or alias.name: f"{node.module}.{alias.name}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
-        for alias in node.names
-    }
-    return [
-        (imported[node.func.value.id], node.func.attr)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id in imported
-    ]
-
-
 def test_the_registry_names_every_distribution_and_its_factories():
     field = {f.name: f for f in settings.fields()}["distribution"]
-    assert schema.choices(field) == engines.DISTRIBUTIONS
-    assert ("auto", *engines.ENGINES) == engines.DISTRIBUTIONS
-    for engine in engines.ENGINES.values():
+    assert schema.choices(field) == engines.distributions()
+    assert ("auto", *registry.ENGINES) == engines.distributions()
+    for engine in registry.ENGINES.values():
         factories = [engine.make, engine.serve, engine.averaging]
-        factories = [f for f in factories if f is not None]
-        assert all(callable(f) for f in factories)
-        calls = [call for f in factories for call in _calls(f)]
-        assert calls or engine.name == "averaging"  # Made by a transport.
+        calls = [(f.module, f.function) for f in factories if f is not None]
+        assert calls or engine.rides_on  # Made by its carrier.
         for module, function in calls:
-            if not engines.installed(engine):
+            if not registry.installed(engine):
                 assert importlib.util.find_spec(module) is not None
                 continue
             assert callable(getattr(importlib.import_module(module), function))
         if engine.launcher:
             launcher = f"tf_resnet.launch.{engine.launcher}"
             assert importlib.util.find_spec(launcher) is not None
-    transports = engines.AVERAGING_TRANSPORTS
-    assert all(engines.ENGINES[name].averaging for name in transports)
+    assert all(e.averaging for e in registry.AVERAGING_CARRIERS)
 
 
 def _no_launcher(monkeypatch):
@@ -153,17 +129,17 @@ def _no_launcher(monkeypatch):
 def test_auto_recognises_a_slurm_job_step_of_several_tasks(monkeypatch):
     _no_launcher(monkeypatch)
     dist = settings.DistributionConfig()
-    assert engines.resolve("auto") == ("auto", "one process")
-    assert engines.averaging_transport(dist)[0] == "horovod"
+    assert startup.resolve("auto") == ("auto", "one process")
+    assert registry.averaging_carrier(dist)[0].name == "horovod"
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # A batch script's shell.
-    assert engines.resolve("auto")[0] == "auto"
+    assert startup.resolve("auto")[0] == "auto"
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "4")
     reason = "a Slurm job step of 4 tasks (srun)"
-    assert engines.resolve("auto") == ("multi_worker", reason)
-    assert engines.averaging_transport(dist) == ("multi_worker", reason)
+    assert startup.resolve("auto") == ("multi_worker", reason)
+    assert registry.averaging_carrier(dist) == (registry.MULTI_WORKER, reason)
     monkeypatch.setenv("HOROVOD_SIZE", "4")  # horovodrun's ranks win.
-    assert engines.resolve("auto")[0] == "horovod"
+    assert startup.resolve("auto")[0] == "horovod"
 
 
 def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
@@ -174,18 +150,18 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
     _no_launcher(monkeypatch)
     monkeypatch.setenv("SLURM_PROCID", "1")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
-    assert engines.resolve("auto")[0] == "multi_worker"
+    assert startup.resolve("auto")[0] == "multi_worker"
     monkeypatch.setenv("PMIX_RANK", "1")
-    assert engines.resolve("auto") == (
+    assert startup.resolve("auto") == (
         "horovod",
         "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
     )
-    assert engines.processes_in_sync(engines.get("horovod")) == 2
+    assert startup.processes_in_sync(engines.get("horovod")) == 2
     with pytest.raises(UserInputError, match="srun --mpi=none"):
-        engines.resolve("multi_worker")
+        startup.resolve("multi_worker")
     monkeypatch.delenv("PMIX_RANK")
     monkeypatch.setenv("PMI_SIZE", "2")
-    assert engines.resolve("auto")[0] == "horovod"
+    assert startup.resolve("auto")[0] == "horovod"
 
 
 def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
@@ -196,7 +172,7 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     dist = settings.DistributionConfig()
     python = detect.interpreter()
     assert not python.startswith("python")  # The venv's, as the docs type.
-    warning = engines.alone(
+    warning = startup.alone(
         engines.get("horovod"), "--preset=course_sync_cifar100", dist, argv
     )
     assert warning.startswith("one process: --distribution=horovod (--preset")
@@ -206,13 +182,13 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     ) in warning
     argv[1] = "--preset=course_async_cifar100"
     with pytest.raises(UserInputError) as refused:
-        engines.alone(engines.get("parameter_server"), "x", dist, argv)
+        startup.alone(engines.get("parameter_server"), "x", dist, argv)
     assert (
         f"{python} -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- "
         "--preset=course_async_cifar100 --log_root=r;"
     ) in str(refused.value)
     with pytest.raises(UserInputError) as refused:
-        engines.alone(engines.get("multi_worker"), "--distribution", dist, argv)
+        startup.alone(engines.get("multi_worker"), "--distribution", dist, argv)
     assert str(refused.value).startswith(
         "--distribution=multi_worker runs as processes that a launcher starts"
     )
@@ -221,17 +197,17 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     )
     # Started by a launcher, in a cluster, or an engine of one process.
     for engine in ("default", "mirrored"):
-        assert engines.alone(engines.get(engine), "x", dist, argv) is None
+        assert startup.alone(engines.get(engine), "x", dist, argv) is None
     two_workers = settings.DistributionConfig(worker_hosts=("a:1", "b:2"))
-    assert not engines.alone(engines.get("multi_worker"), "", two_workers)
+    assert not startup.alone(engines.get("multi_worker"), "", two_workers)
     monkeypatch.setenv("HOROVOD_SIZE", "1")  # horovodrun -np 1: asked for.
-    assert engines.alone(engines.get("horovod"), "x", dist, argv) is None
+    assert startup.alone(engines.get("horovod"), "x", dist, argv) is None
 
 
 def test_per_process_engines_refuse_sync_bn_and_several_devices():
-    per_process = [n for n, e in engines.ENGINES.items() if e.per_process]
+    per_process = [n for n, e in registry.ENGINES.items() if e.per_process]
     assert per_process == ["horovod", "averaging"]
-    for name in engines.ENGINES:
+    for name in registry.ENGINES:
         config = settings.make_config(
             distribution=name,
             sync_bn=True,
@@ -243,7 +219,7 @@ def test_per_process_engines_refuse_sync_bn_and_several_devices():
                 validation.validate(config)
             two = settings.DistributionConfig(name, cpu_replicas=2)
             with pytest.raises(UserInputError, match="one .* per .*"):
-                engines.ENGINES[name].check(two)
+                registry.ENGINES[name].check(two)
         elif name != "parameter_server":  # Which needs a cluster.
             validation.validate(config)
 
@@ -257,7 +233,7 @@ def test_all_reduce_knobs_are_refused_by_engines_that_do_not_take_them():
         "all_reduce_pack_bytes": (4096, ["horovod", "multi_worker"]),
     }
     for flag, (value, engine_names) in takers.items():
-        for name, engine in engines.ENGINES.items():
+        for name, engine in registry.ENGINES.items():
             dist = settings.DistributionConfig(name, **{flag: value})
             if name in engine_names:
                 engines.check_settings(engine, dist)

@@ -12,19 +12,20 @@ replicas), which `tests/test_dry_run.py` holds against real ones.
 
 from tf_resnet import detect, schedules, traffic
 from tf_resnet.config import engines
+from tf_resnet.engines import registry, startup
 
 
 def replicas(config, started):
     """`(replicas in sync, replicas per update, processes)` of one step."""
     engine = started.engine
-    processes = engines.processes_in_sync(
+    processes = startup.processes_in_sync(
         engine, config.distribution.worker_hosts
     )
     local = started.plan.replicas
     if engine.asynchronous:  # A step is one worker's.
         return local, local, processes
     in_sync = processes * local
-    per_update = local if engine.update is engines.Update.PROCESS else in_sync
+    per_update = local if engine.update is registry.Update.PROCESS else in_sync
     return in_sync, per_update, processes
 
 

@@ -17,9 +17,10 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from tf_resnet import detect, devices
+from tf_resnet import detect
 from tf_resnet.config import engines
 from tf_resnet.distribute import buckets
+from tf_resnet.engines import devices, registry, startup
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without
@@ -33,7 +34,7 @@ class Started:
 
     Attributes:
       dtype_policy: the Keras dtype policy in force (`auto` resolved).
-      engine: the `engines.Engine` this process runs, resolved once here
+      engine: the `registry.Engine` this process runs, resolved once here
         (`auto` by the launcher that started the process, else by its
         devices) and its settings checked: what is made of it
         (`distributors.make_distributor`) and what `--dry_run` tells.
@@ -47,7 +48,7 @@ class Started:
     """
 
     dtype_policy: str
-    engine: engines.Engine
+    engine: registry.Engine
     reason: str
     by_devices: bool
     devices: list | None
@@ -134,7 +135,7 @@ def apply_plan(plan):
 def configure_devices(num_gpus, cpu_replicas=1):
     """The devices of one process on its own (benchmarks, tests)."""
     return apply_plan(
-        devices.plan(engines.Devices.ASKED, num_gpus, cpu_replicas, node_view())
+        devices.plan(devices.Devices.ASKED, num_gpus, cpu_replicas, node_view())
     )
 
 
@@ -179,7 +180,7 @@ def inter_op_threads(asked, engine, dist, cores=None):
 
     Args:
       asked: `--inter_op_threads` (0: not set).
-      engine: the `engines.Engine` the process runs.
+      engine: the `registry.Engine` the process runs.
       dist: its `DistributionConfig`.
       cores: the process's cores (default: `usable_cores()`).
     """
@@ -205,9 +206,9 @@ def start(config):
     runtime, dist = config.runtime, config.distribution
     quiet_tensorflow_internals()
     # The engine, once: the launcher's, else by the devices of the plan.
-    name, reason = engines.resolve(dist.distribution, config.preset, dist)
-    plan = device_plan(config, engines.devices_rule(name))
-    engine = engines.running(name, plan.replicas)
+    name, reason = startup.resolve(dist.distribution, config.preset, dist)
+    plan = device_plan(config, startup.devices_rule(name))
+    engine = startup.running(name, plan.replicas)
     tf.config.threading.set_intra_op_parallelism_threads(
         runtime.intra_op_threads
     )

@@ -46,6 +46,7 @@ import numpy as np
 
 from tf_resnet import calibration, native_log, traffic
 from tf_resnet.calibration import NETWORKS, NODES
+from tf_resnet.engines import registry
 
 IMAGENET_MODELS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 
@@ -180,7 +181,7 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradients):
     what is ready by its cycles, as on a GPU cluster (`Transport`).
 
     Args:
-      engine: the run's `engines.Engine`.
+      engine: the run's `registry.Engine`.
       knobs: its `traffic.Knobs`.
       one_node: its 1-node step, seconds (parameter_server: the step
         without any network).
@@ -197,9 +198,7 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradients):
         2, 1, link, link, ps_tasks=ps_tasks, call_seconds=max(0.0, fit.c)
     )
     if knobs.overlap and not knobs.cycle_ms:
-        knobs = dataclasses.replace(
-            knobs, cycle_ms=TRANSPORTS[engine.name].cycle_ms
-        )
+        knobs = dataclasses.replace(knobs, cycle_ms=engine.transport.cycle_ms)
     step = one_node + engine.traffic.exposed_seconds(
         gradients, one_node, cluster, knobs
     )
@@ -207,44 +206,6 @@ def predict_two_nodes(engine, knobs, one_node, fit, gradients):
 
 
 # --- the projection ------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Transport:
-    """What carries an engine's traffic on a GPU cluster.
-
-    Attributes:
-      share: its bandwidth over the calibrated all-reduce's
-        (`calibration.Calibration.share`, NCCL's on GPUs).
-      why: where that comes from.
-      cycle_ms: Horovod's cycle, where Horovod carries it: every tensor
-        and group ready within one cycle goes as one fused all-reduce
-        (`HOROVOD_CYCLE_TIME`, 1 ms in 0.28.1; groups fuse across unless
-        `HOROVOD_DISABLE_GROUP_FUSION`), so the engine's buckets are
-        fused again; 0: each bucket is an all-reduce of its own.
-    """
-
-    share: float
-    why: str
-    cycle_ms: float = 0.0
-
-
-_NCCL = "NCCL on GPUs, as calibrated on published clusters"
-_HOROVOD = Transport(1.0, _NCCL + ", through Horovod", cycle_ms=1.0)
-# Keyed by the registry's names; an engine with traffic must have one
-# (tests/test_scaling.py).
-TRANSPORTS = {
-    "horovod": _HOROVOD,
-    # MultiWorkerMirroredStrategy picks NCCL on GPUs: a launch per pack.
-    "multi_worker": Transport(1.0, _NCCL),
-    "averaging": _HOROVOD,
-    "parameter_server": Transport(
-        0.66 / 0.95,
-        "gRPC: one worker's pull and push over Horovod's all-reduce on the "
-        "same emulated links (bench/results/network_scaling.md); no "
-        "published GPU figure",
-    ),
-}
 
 
 def gradients_of(model, image_size=None):
@@ -332,7 +293,7 @@ class Projection:
     """One engine with its knobs on one cluster.
 
     Attributes:
-      engine: the `engines.Engine`.
+      engine: the `registry.Engine`.
       knobs: `traffic.Knobs`.
       compute: GPU seconds of one update's computation.
       exposed: seconds of communication per update nothing hides.
@@ -380,7 +341,7 @@ DEFAULT_NODE = NODES["nvswitch-a100"]
 def project(model_step, gradients, gpus, gpus_per_node, network, engine,
             knobs=None, node=DEFAULT_NODE, xla=False,
             fitted=calibration.CALIBRATION):  # fmt: skip
-    """The `Projection` of `engine` (an `engines.Engine`) on a cluster.
+    """The `Projection` of `engine` (an `registry.Engine`) on a cluster.
 
     Args:
       model_step: the model's `GpuStep`.
@@ -388,7 +349,7 @@ def project(model_step, gradients, gpus, gpus_per_node, network, engine,
       gpus: GPUs in all, one process each.
       gpus_per_node: GPUs sharing a node and its link.
       network: the node links' `calibration.Network`.
-      engine: the `engines.Engine`.
+      engine: the `registry.Engine`.
       knobs: `traffic.Knobs` (default: none, the all-reduce overlapped).
       node: the links inside a node (`calibration.Network`).
       xla: the step under XLA, whose gradients appear at once: nothing
@@ -396,7 +357,7 @@ def project(model_step, gradients, gpus, gpus_per_node, network, engine,
       fitted: the `calibration.Calibration`.
     """
     knobs = knobs or traffic.Knobs()
-    transport = TRANSPORTS[engine.name]
+    transport = engine.transport
     knobs = dataclasses.replace(
         knobs,
         overlap=knobs.overlap and not xla,
@@ -434,52 +395,40 @@ def _waiting(engine, knobs, compute, gpus, fitted):
 
 
 def candidates(average_every=(4, 16), accumulate=(2, 4)):
-    """`(engine name, Knobs)` of every row a projection shows.
+    """`(Engine, Knobs)` of every row a projection shows.
 
-    The engines that send something between nodes (`Engine.traffic`), as
-    the registry tells: first those whose all-reduce overlaps the backward
-    pass (the default), also without it (the control), compressed and
-    accumulating; then those that take local steps, at each of
-    `average_every`; then the others, as they are.
+    The engines that send something between nodes, in the registry's
+    order for them (`registry.across_nodes`): those whose all-reduce
+    overlaps the backward pass (the default), also without it (the
+    control), compressed and accumulating; those that take local steps,
+    at each of `average_every`; the others, as they are.
     """
-    from tf_resnet.config import engines
-
-    across_nodes = [e for e in engines.ENGINES.values() if e.traffic]
     rows = []
-    for engine in across_nodes:
-        if not engine.overlaps:
-            continue
-        rows.append((engine.name, traffic.Knobs()))
-        rows.append((engine.name, traffic.Knobs(overlap=False)))
-        rows.append((engine.name, traffic.Knobs(compression=0.5)))
-        rows += [
-            (engine.name, traffic.Knobs(compression=0.5, accumulate_steps=k))
-            for k in accumulate
-        ]
-    local_steps = [
-        e for e in across_nodes if e.update is engines.Update.PROCESS
-    ]
-    for engine in local_steps:
-        rows += [
-            (engine.name, traffic.Knobs(average_every=k)) for k in average_every
-        ]
-    rows += [
-        (engine.name, traffic.Knobs())
-        for engine in across_nodes
-        if not engine.overlaps and engine not in local_steps
-    ]
+    for engine in registry.across_nodes():
+        if engine.overlaps:
+            rows.append((engine, traffic.Knobs()))
+            rows.append((engine, traffic.Knobs(overlap=False)))
+            rows.append((engine, traffic.Knobs(compression=0.5)))
+            rows += [
+                (engine, traffic.Knobs(compression=0.5, accumulate_steps=k))
+                for k in accumulate
+            ]
+        elif engine.update is registry.Update.PROCESS:
+            rows += [
+                (engine, traffic.Knobs(average_every=k)) for k in average_every
+            ]
+        else:
+            rows.append((engine, traffic.Knobs()))
     return rows
 
 
 def projections(model_step, gradients, gpus, gpus_per_node, network,
                 node=DEFAULT_NODE, xla=False):  # fmt: skip
     """Every candidate's `Projection`."""
-    from tf_resnet.config import engines
-
     return [
         project(model_step, gradients, gpus, gpus_per_node, network,
-                engines.ENGINES[name], knobs, node, xla)
-        for name, knobs in candidates()
+                engine, knobs, node, xla)
+        for engine, knobs in candidates()
     ]  # fmt: skip
 
 

@@ -238,7 +238,7 @@ class DistributionConfig:
         "a TF_CONFIG cluster of several workers without ps or a Slurm job "
         "step of several tasks, else mirrored when several devices, else "
         "default.",
-        choices=engines.DISTRIBUTIONS,
+        choices=engines.distributions,
     )
     num_gpus: int = setting(
         0, "GPUs of this machine to use (MirroredStrategy when >1)."

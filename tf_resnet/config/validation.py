@@ -42,8 +42,9 @@ def validate(config):
             "its eval.csv and learning curve in --eval_dir, and would "
             "overwrite the training run's; give it a directory of its own"
         )
-    engine = engines.ENGINES.get(dist.distribution)
-    if engine:
+    engine = None
+    if dist.distribution != engines.AUTO:
+        engine = engines.get(dist.distribution)
         engines.check_settings(engine, dist)
     # Export reads the checkpoint and the saved plan, no data.
     if not dist.is_server_task and run.mode != "export":

@@ -49,12 +49,12 @@ import subprocess
 import sys
 import time
 
-from tf_resnet.config import engines
+from tf_resnet.engines import registry
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
 # The engines this cluster runs.
-CLUSTER_ENGINES = engines.launched_by("ps")
+CLUSTER_ENGINES = registry.launched_by("ps")
 log = cli.logger("launch.ps")
 
 

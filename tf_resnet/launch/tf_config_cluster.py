@@ -32,11 +32,12 @@ import os
 import sys
 
 from tf_resnet.config import engines
+from tf_resnet.engines import registry
 from tf_resnet.launch import cli, private_network, processes
 
 LISTENERS = "TensorFlow's servers"
 # The engines these workers can run.
-WORKER_ENGINES = engines.launched_by("tf_config_cluster")
+WORKER_ENGINES = registry.launched_by("tf_config_cluster")
 # The engine a worker runs when its flags name none.
 DEFAULT_ENGINE = "multi_worker"
 log = cli.logger("launch.tf_config_cluster")

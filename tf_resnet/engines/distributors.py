@@ -1,8 +1,8 @@
 """Makes an engine's distributor: what the training loop runs on.
 
-The engines and every fact of each are registered in
-`tf_resnet.config.engines`; start-up resolves `--distribution` into one
-`Engine` and checks the settings against it (`runtime.start`).
+The engines and every fact of each are registered in `registry`;
+start-up resolves `--distribution` into one `Engine` and checks the
+settings against it (`runtime.start`).
 `make_distributor` makes that engine's distributor, and everything else
 talks to the `distribute.base.Distributor` interface. An engine's module
 is imported only when its distributor is made, so a run without Horovod
@@ -11,6 +11,7 @@ never imports it.
 
 from tf_resnet.config import engines, schema
 from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.engines import startup
 from tf_resnet.errors import UserInputError
 
 
@@ -32,7 +33,7 @@ def make_distributor(engine, global_batch, config=None, devices=None):
     """Creates the distributor of `engine`, as start-up resolved it.
 
     Args:
-      engine: the `engines.Engine` of `runtime.start` (`Started.engine`),
+      engine: the `registry.Engine` of `runtime.start` (`Started.engine`),
         whose settings it has checked.
       global_batch: examples of one step over all replicas of all workers.
       config: the `settings.DistributionConfig` (None: defaults).
@@ -40,10 +41,15 @@ def make_distributor(engine, global_batch, config=None, devices=None):
         default device).
 
     Returns:
-      A `base.Distributor`.
+      A `base.Distributor`: the engine's own, or, for an engine that rides
+      on another's all-reduce (`Engine.rides_on`), that one's `averaging`.
     """
     config = config or DistributionConfig()
-    return _call(engine, engine.make, global_batch, config, devices)
+    make = engine.make
+    if engine.rides_on:
+        carrier, _ = engine.rides_on(config)
+        make = carrier.averaging
+    return _call(engine, make, global_batch, config, devices)
 
 
 def distributor_for(distribution, global_batch, config=None, devices=None):
@@ -54,9 +60,9 @@ def distributor_for(distribution, global_batch, config=None, devices=None):
     as `runtime.start` does, then `make_distributor`.
 
     Args:
-      distribution: a `--distribution` value (`engines.DISTRIBUTIONS`);
+      distribution: a `--distribution` value (`engines.distributions()`);
         `auto` becomes the engine it falls back to for these devices
-        (`engines.running`).
+        (`startup.running`).
       global_batch: examples of one step over all replicas of all workers.
       config: the `settings.DistributionConfig` (None: defaults); checked
         against its schema and the engine's own constraints first.
@@ -66,19 +72,20 @@ def distributor_for(distribution, global_batch, config=None, devices=None):
       A `base.Distributor`.
     """
     config = config or DistributionConfig()
-    engine = engines.running(distribution, len(devices or ()) or 1)
+    engine = startup.running(distribution, len(devices or ()) or 1)
     schema.check(config)
     engines.check_settings(engine, config)
     return make_distributor(engine, global_batch, config, devices)
 
 
-def serve(config):
-    """Serves until killed if this process is only a server task.
+def serve(engine, config):
+    """Serves until killed if this process is only a server task of `engine`.
+
+    Args:
+      engine: the `Engine` start-up resolved (`Started.engine`).
+      config: the `settings.DistributionConfig`.
 
     Returns:
       True after serving; False for a process that trains (or evaluates).
     """
-    for engine in engines.ENGINES.values():
-        if engine.serve and _call(engine, engine.serve, config):
-            return True
-    return False
+    return bool(engine.serve and _call(engine, engine.serve, config))

@@ -7,7 +7,7 @@ workers sharing 2 GPUs, `CUDA_VISIBLE_DEVICES=3,5`, Slurm's variables) is
 tested as a table on any machine; `runtime.apply_plan` is the one small
 step that hands it to TensorFlow.
 
-Each engine names its rule in its entry (`engines.Devices`), and start-up
+Each engine names its rule in its record (`Devices`, here), and start-up
 hands the rule of the engine it resolved to `plan`:
 
 * `ASKED` (one process): the `--num_gpus` first GPUs, none with
@@ -25,9 +25,24 @@ Imports no TensorFlow.
 """
 
 import dataclasses
+import enum
 
-from tf_resnet.config.engines import Devices
 from tf_resnet.errors import UserInputError
+
+
+class Devices(enum.Enum):
+    """Which devices each process of an engine takes (`plan`)."""
+
+    # One process: the `--num_gpus` first GPUs (none: the CPU, split
+    # into `--cpu_replicas` logical devices if asked).
+    ASKED = "asked"
+    # One process per device: the GPU of the local rank.
+    RANK = "rank"
+    # One process per node takes all its GPUs (or its `--num_gpus`
+    # first); one GPU per process when several share the node.
+    NODE = "node"
+    # Worker tasks as `NODE`; the coordinator and ps tasks none.
+    WORKER_TASKS = "worker tasks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +113,7 @@ def plan(rule, num_gpus=0, cpu_replicas=1, node=Node(), server_job=None):
     """The devices of one process on `node`, by its engine's `rule`.
 
     Args:
-      rule: the engine's `Devices` (`engines.devices_rule`: `auto` counts
+      rule: the engine's `Devices` (`startup.devices_rule`: `auto` counts
         as one process, the rule of the engines it falls back to).
       num_gpus: `--num_gpus` (0: as the engine's rule says).
       cpu_replicas: `--cpu_replicas`.
