@@ -53,7 +53,6 @@ import emulated_cluster  # noqa: E402
 import scaling_score  # noqa: E402
 
 from tf_resnet import scaling, traffic  # noqa: E402
-from tf_resnet.config import engines  # noqa: E402
 from tf_resnet.engines import registry  # noqa: E402
 
 RESULT = "NETWORK_SCALING_RESULT "
@@ -117,7 +116,7 @@ def run_worker(spec):
     from tf_resnet.distribute.base import TrainState
 
     size, classes = model_shape(spec["model"])
-    ps = engines.get(spec["flags"]["distribution"]).asynchronous
+    ps = registry.get(spec["flags"]["distribution"]).asynchronous
     config = make_config(
         train_data_path=common.DATA["cifar10"]["path"],
         model=spec["model"],
@@ -496,7 +495,7 @@ class Job:
 
     def start(self):
         """Starts every process; returns the chief's."""
-        engine = engines.get(self.spec["flags"]["distribution"])
+        engine = registry.get(self.spec["flags"]["distribution"])
         env = {
             **os.environ,
             "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -808,7 +807,7 @@ class ModelJobs:
         return f"{flags}" + (f" ({', '.join(own)})" if own else "")
 
     def job(self, flags, nodes, extra=None):
-        processes = 1 if engines.get(flags["distribution"]).serve else nodes
+        processes = 1 if registry.get(flags["distribution"]).serve else nodes
         self.log(f"  {self.model} {self.described(flags, extra)} on {nodes} "
                  "node(s) ...")  # fmt: skip
         spec = self.spec(flags, processes, extra)
@@ -904,7 +903,7 @@ def calibrate(jobs, network):
 def transports(args):
     """`{transport: flags}` of the sweeps the run's rows need."""
     wanted = args.only.split(",") if args.only else None
-    needed = wanted and {engines.get(e).transport.name for e in wanted}
+    needed = wanted and {registry.get(e).transport.name for e in wanted}
     swept = [e for e in registry.across_nodes() if e.overlaps]
     every = {e.transport.name: {} for e in swept}
     if args.knobs:
@@ -924,7 +923,7 @@ def selected_rows(args):
     def chosen(row):
         if wanted and row.engine not in wanted:
             return False
-        overlaps = engines.get(row.engine).overlaps
+        overlaps = registry.get(row.engine).overlaps
         engine_row = not (row.knob or row.overlap or row.buckets)
         if args.bucket_sizes:  # Their default bucket size, and others.
             return row.buckets or (overlaps and engine_row)
@@ -945,7 +944,7 @@ def single_node_jobs(jobs, row, runs, rate):
     run here, before the round's predictions: no network, no job the
     predictions are scored against.
     """
-    if not engines.get(row.engine).asynchronous:
+    if not registry.get(row.engine).asynchronous:
         runs["1"].append(jobs.twin(row.flags, row.job_spec))
         return
     runs["1"].append(jobs.job(row.flags, 1))
@@ -965,7 +964,7 @@ def two_node_job(jobs, row):
     """
     own = row.job_spec
     plain = row.flags == {"distribution": row.engine} and not own
-    ps = engines.get(row.engine).asynchronous
+    ps = registry.get(row.engine).asynchronous
     extra = {"communication_alone": plain and not ps, **own}
     return jobs.job(row.flags, 2, extra)
 
@@ -1066,7 +1065,7 @@ def knobs_of(flags, script="", bucket_bytes=None, threads=None):
     `threads` 1: its buckets go one after another after the backward pass.
     """
     del script
-    engine = engines.get(flags["distribution"])
+    engine = registry.get(flags["distribution"])
     overlaps = flags.get("overlap_all_reduce", True)
     overlap = overlaps and not (
         engine.overlap_waits_for_a_thread and threads == 1
@@ -1103,7 +1102,7 @@ def fits_of(result):
 
 def transport_of(flags):
     """The fitted transport that carries a row's communication."""
-    engine = engines.get(flags["distribution"]).transport.name
+    engine = registry.get(flags["distribution"]).transport.name
     fp16 = flags.get("gradient_compression") == "fp16"
     return f"{engine}+fp16" if fp16 else engine
 
@@ -1167,7 +1166,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
       `(seconds, the communication's CPU time added to them)`.
     """
     flags = row["flags"]
-    engine = engines.get(flags["distribution"])
+    engine = registry.get(flags["distribution"])
     if engine.traffic is traffic.PUSH_PULL:
         # One worker's pull and push: its 1-node step less the same job's
         # on unshaped links. The step without the network on two nodes is
@@ -1201,7 +1200,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
 
 def asynchronous(row):
     """Whether a saved row's engine is asynchronous (parameter_server)."""
-    return engines.get(row["flags"]["distribution"]).asynchronous
+    return registry.get(row["flags"]["distribution"]).asynchronous
 
 
 def predict_round(result, selected, runs, round_, gradients):

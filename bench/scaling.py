@@ -43,7 +43,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 import train_step  # noqa: E402
 
-from tf_resnet.config import engines  # noqa: E402
 from tf_resnet.engines import registry, startup  # noqa: E402
 
 RESULT = "SCALING_RESULT "
@@ -57,7 +56,7 @@ def run_rank(spec):
     from tf_resnet.config.settings import make_config
     from tf_resnet.distribute.base import TrainState
 
-    engine = engines.get(spec["distribution"])
+    engine = registry.get(spec["distribution"])
     ranks = startup.processes_in_sync(engine)
     data = common.DATA["cifar10"]
     config = make_config(
@@ -150,7 +149,7 @@ def run_job(spec, ranks, env):
     # The engine's launcher: processes in a loopback-only namespace. The
     # multi_worker one also appends --distribution=multi_worker, which the
     # worker ignores (its spec says so already).
-    launcher = f"tf_resnet.launch.{engines.get(spec['distribution']).launcher}"
+    launcher = f"tf_resnet.launch.{registry.get(spec['distribution']).launcher}"
     if ranks:
         command = [
             sys.executable, "-m", launcher, f"--np={ranks}",

@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tf_resnet.config import engines  # noqa: E402
+from tf_resnet.engines import registry  # noqa: E402
 
 BLOCK = 10
 WORKER = "STOP_CHECK_WORKER"
@@ -76,7 +76,7 @@ def worker():
 
 def measure(engine, steps, data):
     """`[(with check ms, without ms)]` of each process of one run."""
-    launcher = engines.get(engine).launcher
+    launcher = registry.get(engine).launcher
     with tempfile.TemporaryDirectory() as scratch:
         command = [
             sys.executable, "-m", f"tf_resnet.launch.{launcher}", "--np=2",

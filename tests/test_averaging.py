@@ -23,8 +23,8 @@ from tests.helpers import HAS_HOROVOD, on_one_set, requires_horovod
 from tf_resnet import detect
 from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.engines import registry
-from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.errors import UserInputError
+from tf_resnet.runtime import distributor_for
 
 ENGINES = pytest.mark.parametrize(
     "launcher",

@@ -215,7 +215,7 @@ def planned(record, gpus, monkeypatch):
     values(["resnet_main.py", *record["argv"]])
     config = resnet_flags.config_from_flags(values)
     dist = config.distribution
-    engine, _ = startup.resolve(dist.distribution, config.preset, dist)
+    engine, _ = startup.resolve(dist.distribution, dist)
     node = devices.Node(
         tuple(str(g) for g in range(gpus)),
         *detect.local_process(dist.task_index),

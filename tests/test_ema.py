@@ -163,7 +163,7 @@ MIRRORED = """
 import keras, numpy as np, tensorflow as tf
 from tf_resnet import ema as ema_lib, runtime, train_loop
 from tf_resnet.config.settings import make_config
-from tf_resnet.engines.distributors import distributor_for
+from tf_resnet.runtime import distributor_for
 from tf_resnet.models import cifar_resnet
 mode = distributor_for("mirrored", 16, devices=runtime.configure_devices(0, 2))
 keras.utils.set_random_seed(0)

@@ -23,8 +23,8 @@ from tests.helpers import (
     run_python,
 )
 from tf_resnet.config.settings import DistributionConfig
-from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.errors import UserInputError
+from tf_resnet.runtime import distributor_for
 
 make_synthetic_cifar = load_data_script("make_synthetic_cifar")
 
@@ -233,7 +233,7 @@ def test_losing_a_rank_ends_the_job(sig, gloo_timeout, bound):
 HOROVOD_KNOBS = """
 import os, sys
 import tensorflow as tf
-from tf_resnet.engines.distributors import distributor_for
+from tf_resnet.runtime import distributor_for
 from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(
     gradient_compression=sys.argv[1], all_reduce_pack_bytes=int(sys.argv[2])

@@ -35,7 +35,7 @@ from tests.helpers import (
     resnet8_flags,
     run_python,
 )
-from tf_resnet import detect, log_root_lock
+from tf_resnet import detect, log_root_lock, runtime
 from tf_resnet.config import settings, validation
 from tf_resnet.distribute import multi_worker
 from tf_resnet.engines import startup
@@ -146,7 +146,7 @@ def test_packs_overlapped_sum_as_one_pack(knob):
 MIRRORED_FP16 = """
 import keras, tensorflow as tf
 from tf_resnet import runtime
-from tf_resnet.engines.distributors import distributor_for
+from tf_resnet.runtime import distributor_for
 from tf_resnet.config.settings import DistributionConfig
 dist = DistributionConfig(gradient_compression="fp16")
 mode = distributor_for("mirrored", 2, dist, runtime.configure_devices(0, 2))
@@ -440,14 +440,14 @@ def test_start_line_names_the_preset_that_chose_the_mode(monkeypatch):
     for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
         monkeypatch.delenv(name, raising=False)
     preset = "course_async_cifar100"
-    assert startup.resolve("parameter_server", preset) == (
+    ps = settings.make_config(preset=preset, distribution="parameter_server")
+    assert runtime.named_by(ps) == f"--preset={preset}"
+    assert startup.resolve("parameter_server", None, runtime.named_by(ps)) == (
         "parameter_server",
         f"--preset={preset}",
     )
-    assert startup.resolve("multi_worker", preset) == (
-        "multi_worker",
-        "--distribution",
-    )
+    sync = settings.make_config(preset=preset, distribution="multi_worker")
+    assert runtime.named_by(sync) == "--distribution"
 
 
 @pytest.mark.parametrize(

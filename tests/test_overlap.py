@@ -23,9 +23,9 @@ import pytest
 
 from tests.helpers import ROOT, requires_horovod
 from tf_resnet import dry_run, runtime
-from tf_resnet.config import engines
 from tf_resnet.config.settings import DistributionConfig, RuntimeConfig
 from tf_resnet.distribute import buckets
+from tf_resnet.engines import registry
 
 PROFILE_STEP = f"{ROOT}/bench/profile_step.py"
 # How the launcher names a process TensorFlow itself brought down.
@@ -159,19 +159,19 @@ def test_an_overlapped_all_reduce_gets_a_second_inter_op_thread():
     `--inter_op_threads` says otherwise."""
     dist = DistributionConfig()
     for name in ("horovod", "multi_worker"):
-        engine = engines.get(name)
+        engine = registry.get(name)
         assert runtime.inter_op_threads(0, engine, dist, cores=1) == 2
         assert runtime.inter_op_threads(0, engine, dist, cores=2) == 0
         assert runtime.inter_op_threads(1, engine, dist, cores=1) == 1
         one_group = DistributionConfig(overlap_all_reduce=False)
         assert runtime.inter_op_threads(0, engine, one_group, cores=1) == 0
     for name in ("default", "mirrored", "parameter_server"):
-        engine = engines.get(name)
+        engine = registry.get(name)
         assert runtime.inter_op_threads(0, engine, dist, cores=1) == 0
 
 
 def test_dry_run_names_the_all_reduce():
-    horovod = engines.get("horovod")
+    horovod = registry.get("horovod")
 
     def line(xla=False, threads=0, **settings):
         dist = DistributionConfig(distribution="horovod", **settings)
@@ -195,7 +195,7 @@ def test_dry_run_names_the_all_reduce():
     ]
     # An engine without a gradient all-reduce: no line.
     assert not dry_run._all_reduce_knobs(
-        engines.get("mirrored"),
+        registry.get("mirrored"),
         DistributionConfig(),
         RuntimeConfig(),
         types.SimpleNamespace(inter_op_threads=0),

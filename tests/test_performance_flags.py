@@ -233,7 +233,7 @@ def test_thread_and_horovod_settings_reach_tensorflow():
         "import os, sys\n"
         "from tf_resnet import runtime\n"
         "from tf_resnet.config.settings import make_config\n"
-        "from tf_resnet.engines.distributors import distributor_for\n"
+        "from tf_resnet.runtime import distributor_for\n"
         "import tensorflow as tf\n"
         "values = dict(a[2:].split('=') for a in sys.argv[1:])\n"
         "config = make_config(\n"
@@ -310,7 +310,7 @@ import keras, numpy as np, tensorflow as tf
 from tf_resnet import train_loop
 from tf_resnet import runtime
 from tf_resnet.config.settings import make_config
-from tf_resnet.engines.distributors import distributor_for
+from tf_resnet.runtime import distributor_for
 from tf_resnet.models import blocks, cifar_resnet
 mode = distributor_for("mirrored", 16, devices=runtime.configure_devices(0, 2))
 rng = np.random.default_rng(0)

@@ -21,8 +21,8 @@ from tests.helpers import (
     on_one_set,
 )
 from tf_resnet.config.settings import DistributionConfig
-from tf_resnet.engines.distributors import distributor_for
 from tf_resnet.errors import UserInputError
+from tf_resnet.runtime import distributor_for
 
 
 def _pins(name):

@@ -7,10 +7,10 @@ import pytest
 from absl import flags
 
 from tests.helpers import run_python
-from tf_resnet import data, detect
+from tf_resnet import data, detect, runtime
 from tf_resnet.config import engines, schema, settings, validation
 from tf_resnet.config import flags as resnet_flags
-from tf_resnet.engines import distributors, registry, startup
+from tf_resnet.engines import registry, startup
 from tf_resnet.errors import UserInputError
 
 # The flags of the original tensorflow/models resnet_main.py and of the Ray
@@ -156,7 +156,7 @@ def test_auto_takes_the_tasks_of_an_mpi_job_step_for_horovod_ranks(
         "horovod",
         "started as one of 2 ranks (PMIX_RANK, srun --mpi=pmix)",
     )
-    assert startup.processes_in_sync(engines.get("horovod")) == 2
+    assert startup.processes_in_sync(registry.get("horovod")) == 2
     with pytest.raises(UserInputError, match="srun --mpi=none"):
         startup.resolve("multi_worker")
     monkeypatch.delenv("PMIX_RANK")
@@ -173,7 +173,7 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     python = detect.interpreter()
     assert not python.startswith("python")  # The venv's, as the docs type.
     warning = startup.alone(
-        engines.get("horovod"), "--preset=course_sync_cifar100", dist, argv
+        registry.get("horovod"), "--preset=course_sync_cifar100", dist, argv
     )
     assert warning.startswith("one process: --distribution=horovod (--preset")
     assert (
@@ -182,13 +182,15 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     ) in warning
     argv[1] = "--preset=course_async_cifar100"
     with pytest.raises(UserInputError) as refused:
-        startup.alone(engines.get("parameter_server"), "x", dist, argv)
+        startup.alone(registry.get("parameter_server"), "x", dist, argv)
     assert (
         f"{python} -m tf_resnet.launch.ps --num_ps=1 --num_workers=2 -- "
         "--preset=course_async_cifar100 --log_root=r;"
     ) in str(refused.value)
     with pytest.raises(UserInputError) as refused:
-        startup.alone(engines.get("multi_worker"), "--distribution", dist, argv)
+        startup.alone(
+            registry.get("multi_worker"), "--distribution", dist, argv
+        )
     assert str(refused.value).startswith(
         "--distribution=multi_worker runs as processes that a launcher starts"
     )
@@ -197,11 +199,11 @@ def test_an_engine_of_several_processes_started_alone_says_so(monkeypatch):
     )
     # Started by a launcher, in a cluster, or an engine of one process.
     for engine in ("default", "mirrored"):
-        assert startup.alone(engines.get(engine), "x", dist, argv) is None
+        assert startup.alone(registry.get(engine), "x", dist, argv) is None
     two_workers = settings.DistributionConfig(worker_hosts=("a:1", "b:2"))
-    assert not startup.alone(engines.get("multi_worker"), "", two_workers)
+    assert not startup.alone(registry.get("multi_worker"), "", two_workers)
     monkeypatch.setenv("HOROVOD_SIZE", "1")  # horovodrun -np 1: asked for.
-    assert startup.alone(engines.get("horovod"), "x", dist, argv) is None
+    assert startup.alone(registry.get("horovod"), "x", dist, argv) is None
 
 
 def test_per_process_engines_refuse_sync_bn_and_several_devices():
@@ -248,7 +250,7 @@ def test_all_reduce_knobs_are_refused_by_engines_that_do_not_take_them():
     # `auto` on one device is `default`, refused when its mode is made.
     one_device = settings.DistributionConfig(gradient_compression="fp16")
     with pytest.raises(UserInputError, match="--distribution=default has"):
-        distributors.distributor_for("auto", 16, one_device)
+        runtime.distributor_for("auto", 16, one_device)
 
 
 def test_synchronised_bn_is_refused_with_micro_batches():

@@ -18,9 +18,11 @@ import tensorflow as tf
 from absl import logging
 
 from tf_resnet import detect
-from tf_resnet.config import engines
+from tf_resnet.config import engines, presets, schema
+from tf_resnet.config.settings import DistributionConfig
 from tf_resnet.distribute import buckets
 from tf_resnet.engines import devices, registry, startup
+from tf_resnet.engines.distributors import make_distributor
 
 # CPU flags of native bfloat16 matrix units: Intel's AMX tiles, and the
 # AVX-512 BF16 dot products of Intel Cooper Lake+ and AMD Zen 4+. Without
@@ -190,6 +192,14 @@ def inter_op_threads(asked, engine, dist, cores=None):
     return buckets.INTER_OP_THREADS if cores < buckets.INTER_OP_THREADS else 0
 
 
+def named_by(config):
+    """Why a named engine runs: the `--preset` that set it, else the flag."""
+    preset = presets.PRESETS.get(config.preset, {})
+    if preset.get("distribution") == config.distribution.distribution:
+        return f"--preset={config.preset}"
+    return "--distribution"
+
+
 def start(config):
     """Resolves the engine; sets threads, dtype policy, devices, determinism.
 
@@ -206,7 +216,7 @@ def start(config):
     runtime, dist = config.runtime, config.distribution
     quiet_tensorflow_internals()
     # The engine, once: the launcher's, else by the devices of the plan.
-    name, reason = startup.resolve(dist.distribution, config.preset, dist)
+    name, reason = startup.resolve(dist.distribution, dist, named_by(config))
     plan = device_plan(config, startup.devices_rule(name))
     engine = startup.running(name, plan.replicas)
     tf.config.threading.set_intra_op_parallelism_threads(
@@ -231,12 +241,38 @@ def start(config):
         socket.gethostname(),
         plan.describe(),
     )
-    if dist.distribution == engines.AUTO:
+    if dist.distribution == registry.AUTO:
         # A named engine's settings were checked with the others
         # (`validation.validate`); the one `auto` became is known only now.
         engines.check_settings(engine, dist)
     if runtime.deterministic:
         tf.config.experimental.enable_op_determinism()
     return Started(
-        policy, engine, reason, name == engines.AUTO, names, plan, threads
+        policy, engine, reason, name == registry.AUTO, names, plan, threads
     )
+
+
+def distributor_for(distribution, global_batch, config=None, devices=None):
+    """The distributor of a `--distribution` value, in a process of its own.
+
+    For code that sets its devices itself instead of through start-up
+    (benchmarks, tests): the engine is resolved and the settings checked
+    as `runtime.start` does, then `make_distributor`.
+
+    Args:
+      distribution: a `--distribution` value (`engines.distributions()`);
+        `auto` becomes the engine it falls back to for these devices
+        (`startup.running`).
+      global_batch: examples of one step over all replicas of all workers.
+      config: the `settings.DistributionConfig` (None: defaults); checked
+        against its schema and the engine's own constraints first.
+      devices: the devices' names (None: the default device).
+
+    Returns:
+      A `base.Distributor`.
+    """
+    config = config or DistributionConfig()
+    engine = startup.running(distribution, len(devices or ()) or 1)
+    schema.check(config)
+    engines.check_settings(engine, config)
+    return make_distributor(engine, global_batch, config, devices)

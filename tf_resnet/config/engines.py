@@ -2,17 +2,15 @@
 
 What an engine is lives in its record of the engine wing
 (`tf_resnet.engines.registry`, free of TensorFlow and of `distribute/`):
-this module offers the registered names as `--distribution`'s choices,
-looks a name up, and checks the distribution settings against the record
-of the engine they name. It imports nothing of the wing's runtime parts.
+this module offers the registered names as `--distribution`'s choices
+and checks the distribution settings against the record of the engine
+they name. It imports nothing of the wing's runtime parts, and the wing
+nothing of `config`.
 """
 
 from tf_resnet.engines import registry
 from tf_resnet.errors import UserInputError
 
-# Not an engine: start-up makes it one from the launcher, else from the
-# devices of the process (each engine's `fallback`).
-AUTO = "auto"
 # `--gradient_compression`: Horovod's names (`hvd.Compression.fp16`).
 NO_COMPRESSION = "none"
 GRADIENT_COMPRESSIONS = (NO_COMPRESSION, "fp16")
@@ -24,17 +22,7 @@ def distributions():
     A function, asked when the flags are defined, so an engine registered
     by a module imported before then is a choice too.
     """
-    return (AUTO, *registry.ENGINES)
-
-
-def get(name):
-    """The engine named `name`; `UserInputError` for an unknown one."""
-    if name not in registry.ENGINES:
-        raise UserInputError(
-            f"unknown --distribution={name}; known: "
-            f"{', '.join(distributions())}"
-        )
-    return registry.ENGINES[name]
+    return (registry.AUTO, *registry.ENGINES)
 
 
 def check_settings(engine, dist):

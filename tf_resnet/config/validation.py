@@ -11,6 +11,7 @@ import os
 
 from tf_resnet.config import engines, families, schema
 from tf_resnet.config.settings import GROUPS
+from tf_resnet.engines import registry
 from tf_resnet.errors import UserInputError
 
 
@@ -43,8 +44,8 @@ def validate(config):
             "overwrite the training run's; give it a directory of its own"
         )
     engine = None
-    if dist.distribution != engines.AUTO:
-        engine = engines.get(dist.distribution)
+    if dist.distribution != registry.AUTO:
+        engine = registry.get(dist.distribution)
         engines.check_settings(engine, dist)
     # Export reads the checkpoint and the saved plan, no data.
     if not dist.is_server_task and run.mode != "export":

@@ -3,15 +3,13 @@
 The engines and every fact of each are registered in `registry`;
 start-up resolves `--distribution` into one `Engine` and checks the
 settings against it (`runtime.start`).
-`make_distributor` makes that engine's distributor, and everything else
-talks to the `distribute.base.Distributor` interface. An engine's module
-is imported only when its distributor is made, so a run without Horovod
-never imports it.
+`make_distributor` makes that engine's distributor (`runtime.distributor_for`
+the one of a `--distribution` value, for benchmarks and tests), and
+everything else talks to the `distribute.base.Distributor` interface. An
+engine's module is imported only when its distributor is made (`Call`),
+so a run without Horovod never imports it.
 """
 
-from tf_resnet.config import engines, schema
-from tf_resnet.config.settings import DistributionConfig
-from tf_resnet.engines import startup
 from tf_resnet.errors import UserInputError
 
 
@@ -29,14 +27,14 @@ def _call(engine, function, *args):
         ) from None
 
 
-def make_distributor(engine, global_batch, config=None, devices=None):
+def make_distributor(engine, global_batch, config, devices=None):
     """Creates the distributor of `engine`, as start-up resolved it.
 
     Args:
       engine: the `registry.Engine` of `runtime.start` (`Started.engine`),
         whose settings it has checked.
       global_batch: examples of one step over all replicas of all workers.
-      config: the `settings.DistributionConfig` (None: defaults).
+      config: the `settings.DistributionConfig`.
       devices: the device plan's names (`Started.devices`; None: the
         default device).
 
@@ -44,38 +42,11 @@ def make_distributor(engine, global_batch, config=None, devices=None):
       A `base.Distributor`: the engine's own, or, for an engine that rides
       on another's all-reduce (`Engine.rides_on`), that one's `averaging`.
     """
-    config = config or DistributionConfig()
     make = engine.make
     if engine.rides_on:
         carrier, _ = engine.rides_on(config)
         make = carrier.averaging
     return _call(engine, make, global_batch, config, devices)
-
-
-def distributor_for(distribution, global_batch, config=None, devices=None):
-    """The distributor of a `--distribution` value, in a process of its own.
-
-    For code that sets its devices itself instead of through start-up
-    (benchmarks, tests): the engine is resolved and the settings checked
-    as `runtime.start` does, then `make_distributor`.
-
-    Args:
-      distribution: a `--distribution` value (`engines.distributions()`);
-        `auto` becomes the engine it falls back to for these devices
-        (`startup.running`).
-      global_batch: examples of one step over all replicas of all workers.
-      config: the `settings.DistributionConfig` (None: defaults); checked
-        against its schema and the engine's own constraints first.
-      devices: the devices' names (None: the default device).
-
-    Returns:
-      A `base.Distributor`.
-    """
-    config = config or DistributionConfig()
-    engine = startup.running(distribution, len(devices or ()) or 1)
-    schema.check(config)
-    engines.check_settings(engine, config)
-    return make_distributor(engine, global_batch, config, devices)
 
 
 def serve(engine, config):

@@ -217,6 +217,9 @@ class Engine:
         return self.update is Update.WORKER
 
 
+# Not an engine: start-up makes it one from the launcher, else from the
+# devices of the process (each engine's `fallback`).
+AUTO = "auto"
 # Every engine by name, in the order `auto` asks them and `--distribution`
 # offers them.
 ENGINES = {}
@@ -234,6 +237,16 @@ def register(engine):
         raise ValueError(f"engine {engine.name} has traffic, no transport")
     ENGINES[engine.name] = engine
     return engine
+
+
+def get(name):
+    """The engine named `name`; `UserInputError` for an unknown one."""
+    if name not in ENGINES:
+        raise UserInputError(
+            f"unknown --distribution={name}; known: "
+            f"{', '.join((AUTO, *ENGINES))}"
+        )
+    return ENGINES[name]
 
 
 def installed(engine):

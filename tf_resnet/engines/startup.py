@@ -11,7 +11,6 @@ them and hands the record on; nothing after it resolves again.
 import sys
 
 from tf_resnet import detect
-from tf_resnet.config import engines, presets
 from tf_resnet.engines import registry
 from tf_resnet.engines.devices import Devices
 from tf_resnet.errors import UserInputError
@@ -27,8 +26,8 @@ def running(name, replicas):
       name: the resolved `--distribution` value (`resolve`).
       replicas: the replicas of the process's device plan.
     """
-    if name != engines.AUTO:
-        return engines.get(name)
+    if name != registry.AUTO:
+        return registry.get(name)
     return next(
         e
         for e in registry.ENGINES.values()
@@ -42,7 +41,9 @@ def devices_rule(name):
     `auto` that start-up could not resolve runs one process: the devices
     asked for, as its `fallback` engines do.
     """
-    return Devices.ASKED if name == engines.AUTO else engines.get(name).devices
+    return (
+        Devices.ASKED if name == registry.AUTO else registry.get(name).devices
+    )
 
 
 def processes_in_sync(engine, worker_hosts=()):
@@ -60,7 +61,7 @@ def processes_in_sync(engine, worker_hosts=()):
     return engine.workers(worker_hosts) or 1
 
 
-def resolve(distribution, preset=None, dist=None):
+def resolve(distribution, dist=None, named_by="--distribution"):
     """The engine `--distribution` names, `auto` resolved; and why.
 
     `auto` asks each engine in turn whether the process was started for it
@@ -69,8 +70,9 @@ def resolve(distribution, preset=None, dist=None):
 
     Args:
       distribution: the resolved `--distribution` value.
-      preset: the run's `--preset`, named as the reason when it set it.
       dist: the `settings.DistributionConfig`, for flags that name a task.
+      named_by: the reason of an engine named (`--preset=...` where the
+        preset set it: `runtime.start`).
 
     Returns:
       `(name, reason)`.
@@ -81,7 +83,7 @@ def resolve(distribution, preset=None, dist=None):
     """
     ranks, variable = detect.launcher_world_size()
     on_ranks = [e.name for e in registry.ENGINES.values() if e.per_process]
-    if ranks > 1 and distribution not in (*on_ranks, engines.AUTO):
+    if ranks > 1 and distribution not in (*on_ranks, registry.AUTO):
         raise UserInputError(
             f"--distribution={distribution} in one of {ranks} processes "
             f"started by horovodrun/mpirun ({variable}={ranks}): each would "
@@ -93,15 +95,13 @@ def resolve(distribution, preset=None, dist=None):
                 else ""
             )
         )
-    if distribution != engines.AUTO:
-        if presets.PRESETS.get(preset, {}).get("distribution") == distribution:
-            return distribution, f"--preset={preset}"
-        return distribution, "--distribution"
+    if distribution != registry.AUTO:
+        return distribution, named_by
     for engine in registry.ENGINES.values():
         reason = engine.recognise(dist) if engine.recognise else None
         if reason:
             return engine.name, reason
-    return engines.AUTO, "one process"
+    return registry.AUTO, "one process"
 
 
 def alone(engine, reason, dist, argv=None):

@@ -17,8 +17,9 @@ import sys
 
 from absl import flags
 
-from tf_resnet.config import engines, settings
 from tf_resnet.config import flags as resnet_flags
+from tf_resnet.config import settings
+from tf_resnet.engines import registry
 
 ROOT = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,7 +98,7 @@ class Parser(argparse.ArgumentParser):
             workers run".
         """
         distribution = given_flag(args.main_flags, "distribution")
-        if distribution not in (None, engines.AUTO, *runs):
+        if distribution not in (None, registry.AUTO, *runs):
             self.error(
                 f"--distribution={distribution}: {what} " + " or ".join(runs)
             )

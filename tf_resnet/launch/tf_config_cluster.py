@@ -31,7 +31,6 @@ import json
 import os
 import sys
 
-from tf_resnet.config import engines
 from tf_resnet.engines import registry
 from tf_resnet.launch import cli, private_network, processes
 
@@ -100,7 +99,7 @@ def worker_engine_flag(main_flags):
     the engine is clearer.
     """
     given = cli.given_flag(main_flags, "distribution")
-    if given in (None, engines.AUTO):
+    if given in (None, registry.AUTO):
         return [f"--distribution={DEFAULT_ENGINE}"]
     return []
 
