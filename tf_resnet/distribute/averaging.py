@@ -22,7 +22,7 @@ rate that local-SGD papers use.
 
 Two transports carry the all-reduce; only it differs (`LocalSteps` is the
 rest), and how the processes were started picks it
-(`engines.averaging_transport`):
+(`Engine.rides_on`, `registry.averaging_carrier`):
 
 * TensorFlow's collectives (`multi_worker.MultiWorkerAveragingDistributor`) when
   the process is a worker of a multi-worker cluster: `--worker_hosts`, a
@@ -36,7 +36,7 @@ Either way one process holds one replica: `tf.distribute.MirroredStrategy`
 keeps one mirrored variable per weight, which cannot hold a different
 value on each replica between averages. So `--num_gpus=N` in one process
 is refused with the launcher command that runs N processes instead
-(`engines`).
+(`registry`).
 """
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -20,15 +20,15 @@ command lines and its messages; the shell keeps the processes and
 signals).
 
 Which engines a launcher starts is its engines' `launcher` field
-(`tf_resnet.config.engines`).
+(`tf_resnet.engines.registry`).
 
-The package imports only the standard library, absl's flags and
-`tf_resnet.config` (the engines, and the flag definitions of
-`resnet_main.py`, read as it reads them: `cli.given_flag`), all free of
-TensorFlow and of threads, and must stay so (a test checks):
-`unshare(CLONE_NEWUSER)`, which gives a user without root its namespace,
-fails in a process with more than one thread, and TensorFlow starts
-threads as it is imported. `python -m tf_resnet.launch.<launcher>`
+The package imports only the standard library, absl's flags,
+`tf_resnet.config` (the flag definitions of `resnet_main.py`, read as it
+reads them: `cli.given_flag`) and the engine wing's registry (the
+engines), all free of TensorFlow and of threads, and must stay so (a test
+checks): `unshare(CLONE_NEWUSER)`, which gives a user without root its
+namespace, fails in a process with more than one thread, and TensorFlow
+starts threads as it is imported. `python -m tf_resnet.launch.<launcher>`
 imports this package and `tf_resnet/__init__.py` only, so it is still
 single-threaded when it enters the namespace.
 """
