@@ -12,7 +12,6 @@ import json
 import os
 import statistics
 import time
-import types
 
 import common
 
@@ -64,10 +63,7 @@ def run_worker(spec):
     import numpy as np
     import tensorflow as tf
 
-    from tf_resnet import builders, train_loop
     from tf_resnet.config.settings import make_config
-    from tf_resnet.distribute.averaging import float_variables
-    from tf_resnet.distribute.base import TrainState
 
     size, classes = model_shape(spec["model"])
     ps = spec["flags"]["distribution"] == "parameter_server"
@@ -81,24 +77,39 @@ def run_worker(spec):
         **spec["flags"],
     )
     mode = common.start_mode(config)
-    info = types.SimpleNamespace(num_classes=classes, image_size=size)
-    model = builders.build_model(config, mode, info)
-    optimizer = builders.build_optimizer(
-        config, mode, model, total_steps=100_000
+    run = common.fixed_batch_step(
+        config, mode, size, classes, total_steps=100_000
     )
-    state = TrainState(model, optimizer)
-    mode.broadcast_initial_state(state)
-    step_fn = mode.make_train_step(
-        train_loop.make_replica_fn(model, optimizer, mode, config)
-    )
-    rng = np.random.default_rng(0)
-    batch = (
-        rng.normal(size=(mode.replica_batch, size, size, 3)).astype("float32"),
-        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
-    )
-    iterator = mode.distribute_dataset(
-        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
-    )
+    model, state = run.model, run.state
+    result = {
+        **timed_steps(spec, mode, run),
+        # What the process ran with (parameter_server's: always 2; 0, the
+        # default, as `runtime.start` resolved it).
+        "inter_op_threads": (
+            tf.config.threading.get_inter_op_parallelism_threads()
+        ),
+        "tensors": len(model.trainable_variables),
+        "gradient_bytes": sum(
+            int(np.prod(v.shape)) * 4 for v in model.trainable_variables
+        ),
+        "state_bytes": sum(
+            int(np.prod(v.shape)) * 4
+            for v in state.variables
+            if v.dtype in ("float32",)
+        ),
+        **side_measurements(spec, mode, run, config),
+    }
+    if mode.is_chief:
+        print(RESULT + json.dumps(result), flush=True)
+    mode.shutdown()
+
+
+def timed_steps(spec, mode, run):
+    """Seconds per step of `spec`'s timed blocks, after its warm-up steps.
+
+    `run`: `common.fixed_batch_step`'s. Also the CPU time per step of this
+    process and, for parameter_server's jobs (`cpu_of`), of each server.
+    """
     coordinator = getattr(mode, "coordinator", None)  # parameter_server
     step = 0
 
@@ -109,9 +120,9 @@ def run_worker(spec):
         start = time.perf_counter()
         for _ in range(steps):
             began = time.perf_counter()
-            metrics = step_fn(iterator)
+            metrics = run.step(run.iterator)
             step += 1
-            mode.after_step(step, state)  # averaging: every k steps
+            mode.after_step(step, run.state)  # averaging: every k steps
             each_step.append(time.perf_counter() - began)
         mode.fetch(metrics)
         if coordinator is not None:
@@ -134,57 +145,53 @@ def run_worker(spec):
     process_cpu = time.process_time() - process_cpu
     if sessions:
         cpu_after = cpu_seconds(sessions)
-    result = {
+    timed = {
         "step_s": [s / spec["steps"] for s in seconds],
         # This process's CPU time per step, every thread of it.
         "process_cpu_s": process_cpu / (spec["steps"] * spec["blocks"]),
         "each_step_s": each_step,
         "warmup_s": warmup,
-        # What the process ran with (parameter_server's: always 2; 0, the
-        # default, as `runtime.start` resolved it).
-        "inter_op_threads": (
-            tf.config.threading.get_inter_op_parallelism_threads()
-        ),
-        "tensors": len(model.trainable_variables),
-        "gradient_bytes": sum(
-            int(np.prod(v.shape)) * 4 for v in model.trainable_variables
-        ),
-        "state_bytes": sum(
-            int(np.prod(v.shape)) * 4
-            for v in state.variables
-            if v.dtype in ("float32",)
-        ),
     }
     if sessions:
-        result["cpu_s"] = {
+        timed["cpu_s"] = {
             name: (cpu_after[name] - cpu_before[name])
             / (spec["steps"] * spec["blocks"])
             for name in sessions
         }
+    return timed
+
+
+def side_measurements(spec, mode, run, config):
+    """What `spec` asks timed beside the steps, after them.
+
+    The averaging engine's all-reduce, a step's all-reduces alone and
+    Horovod's step without them (`communication_alone`), the sweep.
+    """
+    from tf_resnet.distribute.averaging import float_variables
+
+    result = {}
     if hasattr(mode, "average_in_place"):
         # The averaging engine's own all-reduce (weights, statistics and
         # slots, as `after_step` does), timed alone: what the model's
         # all-reduce of its bytes stands for.
-        variables = float_variables(state.variables)
+        variables = float_variables(run.state.variables)
         result["average_s"] = []
         for _ in range(3):
             start = time.perf_counter()
             mode.average_in_place(variables)
             result["average_s"].append(time.perf_counter() - start)
     if spec.get("communication_alone"):
-        result["communication_s"] = communication_alone(mode, model)
+        result["communication_s"] = communication_alone(mode, run.model)
         if getattr(mode, "strategy", None) is None:  # Horovod
             result["compute_s"] = compute_alone(
-                mode, model, optimizer, config, iterator, spec
+                mode, run.model, run.optimizer, config, run.iterator, spec
             )
     if spec.get("sweep"):
         fp16 = spec["flags"].get("gradient_compression") == "fp16"
         result["sweep"], result["sweep_cpu_s"] = sweep(
             mode, spec["sweep"], spec["sweep_repeats"], fp16
         )
-    if mode.is_chief:
-        print(RESULT + json.dumps(result), flush=True)
-    mode.shutdown()
+    return result
 
 
 def run_tape_script(spec):
