@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -200,6 +201,53 @@ def start_mode(config):
         config.optim.batch_size,
         config.distribution,
         started.devices,
+    )
+
+
+def fixed_batch_step(config, mode, image_size, classes, total_steps):
+    """A run's model, optimizer and training step, fed one random batch.
+
+    Built as a run builds them (`builders`, `train_loop.make_replica_fn`,
+    `Distributor.make_train_step`), the chief's weights broadcast to the
+    other processes; the batch is one fixed random batch, repeated, so the
+    step is timed or profiled without its input pipeline. `total_steps`:
+    the learning-rate schedule's length.
+
+    Returns:
+      A namespace: `model`, `optimizer`, `state` (their `TrainState`),
+      `step` (the training step, called with `iterator`) and `iterator`.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tf_resnet import builders, train_loop
+    from tf_resnet.distribute.base import TrainState
+
+    info = types.SimpleNamespace(num_classes=classes, image_size=image_size)
+    model = builders.build_model(config, mode, info)
+    optimizer = builders.build_optimizer(
+        config, mode, model, total_steps=total_steps
+    )
+    state = TrainState(model, optimizer)
+    mode.broadcast_initial_state(state)
+    step = mode.make_train_step(
+        train_loop.make_replica_fn(model, optimizer, mode, config)
+    )
+    rng = np.random.default_rng(0)
+    shape = (mode.replica_batch, image_size, image_size, 3)
+    batch = (
+        rng.normal(size=shape).astype("float32"),
+        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
+    )
+    iterator = mode.distribute_dataset(
+        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
+    )
+    return types.SimpleNamespace(
+        model=model,
+        optimizer=optimizer,
+        state=state,
+        step=step,
+        iterator=iterator,
     )
 
 

@@ -36,7 +36,7 @@ import time
 
 import common
 import emulated_cluster
-import network_scaling
+import network_jobs
 
 PROFILE_STEP = os.path.join(common.ROOT, "bench", "profile_step.py")
 ALL_REDUCE = "CollectiveReduceV2"
@@ -45,7 +45,7 @@ ALL_REDUCE = "CollectiveReduceV2"
 JOBS = 3
 
 
-class ProfiledJob(network_scaling.Job):
+class ProfiledJob(network_jobs.Job):
     """`profile_step.py` on two nodes, started as the bench's jobs."""
 
     def __init__(self, cluster, engine, out, words):

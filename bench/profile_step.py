@@ -21,20 +21,12 @@ import json
 import os
 import sys
 import tempfile
-import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import common
+import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.tsl.profiler.protobuf import xplane_pb2  # noqa: E402
-
-from tf_resnet import builders, runtime, train_loop  # noqa: E402
-from tf_resnet.config.settings import make_config  # noqa: E402
-from tf_resnet.distribute.base import TrainState  # noqa: E402
-from tf_resnet.engines.distributors import make_distributor  # noqa: E402
+from tf_resnet.config.settings import make_config
 
 # Steps profiled one by one: a step whose peer lags (a loaded machine)
 # shows this process's all-reduces waiting for it.
@@ -106,30 +98,9 @@ def main(words):
     config = make_config(
         train_data_path="unused", dtype="float32", **{**defaults, **values}
     )
-    started = runtime.start(config)
-    keras.utils.set_random_seed(0)
-    mode = make_distributor(
-        started.engine,
-        config.optim.batch_size,
-        config.distribution,
-        started.devices,
-    )
-    info = types.SimpleNamespace(num_classes=classes, image_size=size)
-    model = builders.build_model(config, mode, info)
-    optimizer = builders.build_optimizer(config, mode, model, total_steps=100)
-    state = TrainState(model, optimizer)
-    mode.broadcast_initial_state(state)
-    step = mode.make_train_step(
-        train_loop.make_replica_fn(model, optimizer, mode, config)
-    )
-    rng = np.random.default_rng(0)
-    batch = (
-        rng.normal(size=(mode.replica_batch, size, size, 3)).astype("float32"),
-        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
-    )
-    iterator = mode.distribute_dataset(
-        lambda *_: tf.data.Dataset.from_tensors(batch).repeat()
-    )
+    mode = common.start_mode(config)
+    run = common.fixed_batch_step(config, mode, size, classes, total_steps=100)
+    model, step, iterator = run.model, run.step, run.iterator
     for _ in range(2):
         mode.fetch(step(iterator))
     # One profiler session for all the steps (several sessions in a row

@@ -245,6 +245,12 @@ def main():
                 run_job({**spec, "threads": threads}, ranks, env)
             )
 
+    print_results(args, configs, results)
+
+
+def print_results(args, configs, results):
+    """The table of every configuration's rounds (`main`'s `configs`)."""
+
     def rates(name):
         return [statistics.median(r["images_per_sec"]) for r in results[name]]
 

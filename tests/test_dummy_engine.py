@@ -53,8 +53,8 @@ ROWS = """
 import json, sys
 import tests.dummy_engine
 sys.path.insert(0, "bench")
-import network_scaling
-print(json.dumps([[r.name, r.flags] for r in network_scaling.rows(4, 2**20)]))
+import network_jobs
+print(json.dumps([[r.name, r.flags] for r in network_jobs.rows(4, 2**20)]))
 """
 
 

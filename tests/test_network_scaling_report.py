@@ -1,7 +1,8 @@
 """The scaling bench's arithmetic: efficiency, predictions file, score.
 
 Pure functions of `bench/scaling_score.py` and the report of
-`bench/network_scaling.py` on a saved run made up here; the bench itself
+`bench/network_scaling.py` (`bench/network_report.py`) on a saved run made
+up here; the bench itself
 (root, network namespaces, minutes of jobs) is not run.
 """
 
@@ -14,7 +15,7 @@ import pytest
 BENCH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench")
 sys.path.insert(0, BENCH)
 
-import network_scaling  # noqa: E402
+import network_report  # noqa: E402
 import scaling_score  # noqa: E402
 
 
@@ -165,7 +166,7 @@ def test_the_report_scores_the_saved_predictions_against_the_best_node(
     tmp_path,
 ):
     out = _saved_run(tmp_path)
-    text = network_scaling.report(*network_scaling.load_report(out))
+    text = network_report.report(*network_report.load_report(out))
     # One row, so its own 1-node step is the best: 0.40/0.50, 0.42/0.60.
     assert "| horovod | 2 | 420 | 500, 600 | 80%, 70% | **75%** (70-80%)" in (
         text
@@ -184,4 +185,4 @@ def test_the_report_refuses_predictions_changed_after_the_run(tmp_path):
     with open(path, "w") as stream:
         json.dump(saved, stream)
     with pytest.raises(SystemExit, match="run.predictions.json"):
-        network_scaling.load_report(out)
+        network_report.load_report(out)

@@ -1,5 +1,6 @@
 """The test suite's own layout: a test module imports no other one, and
-the benchmarks use nothing of the tests.
+the benchmarks use nothing of the tests; and the benchmarks' own: no
+function and no cell of their tables over its length limit.
 
 What two test modules share lives in `tests/helpers.py` or in a helper
 module named for what it holds (`data_files`, `engine_runs`,
@@ -9,6 +10,7 @@ module named for what it holds (`data_files`, `engine_runs`,
 import ast
 import glob
 import os
+import re
 
 from tests.helpers import ROOT
 
@@ -133,3 +135,71 @@ def test_the_bench_check_sees_imports_and_paths(tmp_path):
         "tests.helpers.load_data_script",
         "tests.hvd_worker",
     }
+
+
+# A benchmark's function longer than this holds more than one step of it.
+_LONGEST_FUNCTION = 100
+# A cell of bench/README.md's tables longer than this tells a story that
+# belongs on a results page.
+_LONGEST_CELL = 300
+
+
+def _long_functions(path):
+    """`["name (lines)"]` of the functions in `path` over the limit."""
+    return [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(_parsed(path))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > _LONGEST_FUNCTION
+    ]
+
+
+def test_no_benchmark_function_is_longer_than_its_limit():
+    offenders = _offenders("bench/*.py", 10, _long_functions)
+    assert not offenders, (
+        f"benchmark functions over {_LONGEST_FUNCTION} lines (split them "
+        f"into their steps): {offenders}"
+    )
+
+
+def test_the_length_check_counts_a_function_from_def_to_its_last_line(
+    tmp_path,
+):
+    path = tmp_path / "bench_example.py"
+    body = "    x = 1\n" * (_LONGEST_FUNCTION - 2)
+    path.write_text(
+        f'def short():\n    """Doc."""\n{body}\n'
+        f'def long():\n    """Doc."""\n{body}    return x\n'
+    )
+    assert _long_functions(str(path)) == [
+        f"long ({_LONGEST_FUNCTION + 1} lines)"
+    ]
+
+
+def _long_cells(text):
+    """`[(line number, length)]` of the Markdown table cells over the limit."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.startswith("|"):
+            continue
+        for cell in re.split(r"(?<!\\)\|", line.strip().strip("|")):
+            if len(cell.strip()) > _LONGEST_CELL:
+                found.append((number, len(cell.strip())))
+    return found
+
+
+def test_the_bench_tables_keep_their_cells_short():
+    with open(os.path.join(ROOT, "bench", "README.md")) as stream:
+        long_cells = _long_cells(stream.read())
+    assert not long_cells, (
+        f"bench/README.md cells over {_LONGEST_CELL} characters (line, "
+        f"length; move the story to the results page): {long_cells}"
+    )
+
+
+def test_the_cell_check_measures_each_cell_alone():
+    long = "x" * (_LONGEST_CELL + 1)
+    text = (
+        f"| a | {'y' * _LONGEST_CELL} |\n| `a \\| b` | {long} |\nprose {long}\n"
+    )
+    assert _long_cells(text) == [(2, _LONGEST_CELL + 1)]

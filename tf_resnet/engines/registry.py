@@ -74,7 +74,7 @@ class Transport:
 
     Attributes:
       name: the all-reduce it is, as the benchmarks key their sweeps of
-        it (`bench/network_scaling.py`).
+        it (`bench/network_jobs.py`).
       launcher: the `tf_resnet.launch` module whose processes it connects,
         as the benchmarks start them.
       share: its bandwidth over the calibrated all-reduce's
