@@ -116,7 +116,7 @@ class Call:
 
     How a record names its distributor's maker: the registry stays free of
     TensorFlow and Horovod, and imports nothing of `distribute/`
-    (`tests/test_engine_facts.py` checks that each names a function).
+    (`tests/test_schema.py` checks that each names a function).
     """
 
     module: str
