@@ -99,6 +99,14 @@ def partition_flags(synthetic_cifar, log_root, *extra):
     )  # fmt: skip
 
 
+def start_on(nodes, node, *command):
+    """`command` on `node`; its output and errors on one pipe."""
+    return subprocess.Popen(
+        [*nodes.enter(node), *command], env=nodes.env(), cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def cut_after(process, nodes, step):
     """Reads `process`'s output until `step` is logged, then cuts the link.
 
@@ -156,13 +164,11 @@ def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     log_root = tmp_path / "log"
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
-    process = subprocess.Popen(
-        [*nodes.enter("node1"), horovodrun, "-np", "2", "-H", hosts,
-         "--gloo", "--network-interface", "eth0", sys.executable, WORKER,
-         f"--dump_dir={log_root}_dump", "--distribution=horovod",
-         *partition_flags(synthetic_cifar, log_root)],
-        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    process = start_on(
+        nodes, "node1", horovodrun, "-np", "2", "-H", hosts, "--gloo",
+        "--network-interface", "eth0", sys.executable, WORKER,
+        f"--dump_dir={log_root}_dump", "--distribution=horovod",
+        *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
     lines, cut_at = cut_after(process, nodes, 12)
     output, took = end_of(process, lines, cut_at)
@@ -227,16 +233,13 @@ def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
     codes = tmp_path / "codes"
     codes.mkdir()
     hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
-    process = subprocess.Popen(
-        [*nodes.enter("node1"), "mpirun", "--allow-run-as-root", "-np", "2",
-         "-H", hosts, "-bind-to", "none", "-x", "PATH", "-x",
-         "TF_CPP_MIN_LOG_LEVEL", "-mca", "btl", "tcp,self", "-mca",
-         "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include", "eth0",
-         "sh", "-c", RANK_SHELL, str(codes), sys.executable, WORKER,
-         f"--dump_dir={log_root}_dump", "--distribution=horovod",
-         *partition_flags(synthetic_cifar, log_root)],
-        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    process = start_on(
+        nodes, "node1", "mpirun", "--allow-run-as-root", "-np", "2", "-H",
+        hosts, "-bind-to", "none", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+        "-mca", "btl", "tcp,self", "-mca", "btl_tcp_if_include", "eth0",
+        "-mca", "oob_tcp_if_include", "eth0", "sh", "-c", RANK_SHELL,
+        str(codes), sys.executable, WORKER, f"--dump_dir={log_root}_dump",
+        "--distribution=horovod", *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
     try:
         lines, cut_at = cut_after(process, nodes, 12)
@@ -275,22 +278,16 @@ def test_a_cut_link_ends_a_multi_worker_within_the_bound(
         )
     )
     processes = [
-        subprocess.Popen(
-            [
-                *nodes.enter(node),
-                sys.executable,
-                WORKER,
-                f"--dump_dir={log_root}_dump",
-                "--distribution=multi_worker",
-                f"--worker_hosts={workers}",
-                f"--task_index={index}",
-                *partition_flags(synthetic_cifar, log_root),
-            ],
-            env=nodes.env(),
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        start_on(
+            nodes,
+            node,
+            sys.executable,
+            WORKER,
+            f"--dump_dir={log_root}_dump",
+            "--distribution=multi_worker",
+            f"--worker_hosts={workers}",
+            f"--task_index={index}",
+            *partition_flags(synthetic_cifar, log_root),
         )  # fmt: skip
         for index, node in enumerate(two_nodes.ADDRESSES)
     ]
@@ -337,12 +334,10 @@ def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
         )  # fmt: skip
         for node, job in (("node1", "ps"), ("node2", "worker"))
     ]
-    coordinator = subprocess.Popen(
-        [*nodes.enter("node1"), sys.executable, WORKER,
-         f"--dump_dir={log_root}_dump", "--distribution=parameter_server",
-         *cluster, *partition_flags(synthetic_cifar, log_root)],
-        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    coordinator = start_on(
+        nodes, "node1", sys.executable, WORKER, f"--dump_dir={log_root}_dump",
+        "--distribution=parameter_server", *cluster,
+        *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
     try:
         lines, cut_at = cut_after(coordinator, nodes, 12)
