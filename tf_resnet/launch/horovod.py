@@ -41,7 +41,8 @@ a rank killed before it could say anything (SIGKILL, the OOM killer)
 makes the launcher say the lost-peer line itself, for the peers it left.
 SIGTERM and SIGHUP to the launcher are passed on to `horovodrun`; Ctrl-C
 in a terminal reaches it directly (it runs in the launcher's process
-group), and it dies with the launcher (`PR_SET_PDEATHSIG`).
+group; the launcher ignores SIGINT, to say the last line after it), and
+it dies with the launcher (`PR_SET_PDEATHSIG`).
 
 For several machines run `horovodrun` (or the scripts in `scripts/`)
 directly: the network between the hosts is then yours to configure.
@@ -164,6 +165,9 @@ def run_horovodrun(command, log_root):
     )
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _: horovodrun.send_signal(signum))
+    # Ctrl-C reaches horovodrun from the terminal, in this process group:
+    # the launcher lives on to pass its lines on and say the last one.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     said = {}  # rank -> its last "resnet_main: " line.
     own = []  # horovodrun's lines: its traceback at the end.
     for raw in horovodrun.stderr:
