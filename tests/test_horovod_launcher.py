@@ -71,8 +71,11 @@ def test_rendezvous_listens_only_inside_the_private_namespace(
         )  # fmt: skip
     try:
         ranks = _wait_for_probes(process, output, 2)
-        # The launcher became horovodrun (exec), which serves the rendezvous.
-        with open(f"/proc/{process.pid}/cmdline", "rb") as stream:
+        # The launcher runs horovodrun, which serves the rendezvous.
+        children = f"/proc/{process.pid}/task/{process.pid}/children"
+        with open(children) as stream:
+            (child,) = stream.read().split()
+        with open(f"/proc/{child}/cmdline", "rb") as stream:
             assert b"horovodrun" in stream.read()
         port = ranks[0]["port"]
         assert [rank["port"] for rank in ranks] == [port, port]
@@ -128,6 +131,50 @@ def test_flag_errors_are_one_line(capsys, argv, message):
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and message in lines[0], lines
     assert lines[0].startswith("launch.horovod: error:")
+
+
+TRACEBACK = """RuntimeError: Horovod detected that one or more processes \
+exited with non-zero status, thus causing the job to be terminated. The first \
+process to do so was:
+Process name: {rank}
+Exit code: {code}
+"""
+LOST = (
+    "resnet_main: error: lost a task of the training cluster after step 9 "
+    "(Horovod has been shut down; waiting on rank {peer} on vm); ..."
+)
+
+
+@pytest.mark.parametrize(
+    "said, rank, code, expected",
+    [
+        # A lost peer: the lowest rank's line, whichever rank failed first.
+        ({1: LOST.format(peer=0), 0: LOST.format(peer=1)}, 1, 4,
+         (LOST.format(peer=1), 4)),
+        # A rank's own end: its line and code.
+        ({0: "resnet_main: stopped: SIGTERM at step 3: ..."}, 0, 143,
+         ("resnet_main: stopped: SIGTERM at step 3: ...", 143)),
+        ({}, 1, 2, (None, 2)),
+    ],
+)  # fmt: skip
+def test_the_failed_ranks_line_is_said_last(said, rank, code, expected):
+    traceback = TRACEBACK.format(rank=rank, code=code)
+    assert horovod.last_words(said, traceback, 1, "runs/x") == expected
+
+
+def test_a_rank_killed_without_a_word_is_a_lost_peer(tmp_path):
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-30"\n')
+    traceback = TRACEBACK.format(rank=1, code=137)
+    line, code = horovod.last_words({}, traceback, 1, str(tmp_path))
+    assert code == 4
+    assert line == (
+        "resnet_main: error: lost a task of the training cluster (rank 1 "
+        "ended with code 137 (SIGKILL); waiting on rank 1); the newest "
+        f"complete checkpoint is {tmp_path}/ckpt-30, which the same command "
+        "resumes from (exit code 4: a Slurm job of scripts/ requeues itself)"
+    )
+    # horovodrun failed without naming a rank: its own code, no line.
+    assert horovod.last_words({}, "OSError: ...", 1, "x") == (None, 1)
 
 
 def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):

@@ -20,8 +20,10 @@ bound and a minute.
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -97,6 +99,14 @@ def partition_flags(synthetic_cifar, log_root, *extra):
     )  # fmt: skip
 
 
+def start_on(nodes, node, *command):
+    """`command` on `node`; its output and errors on one pipe."""
+    return subprocess.Popen(
+        [*nodes.enter(node), *command], env=nodes.env(), cwd=ROOT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
 def cut_after(process, nodes, step):
     """Reads `process`'s output until `step` is logged, then cuts the link.
 
@@ -154,13 +164,11 @@ def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     log_root = tmp_path / "log"
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
-    process = subprocess.Popen(
-        [*nodes.enter("node1"), horovodrun, "-np", "2", "-H", hosts,
-         "--gloo", "--network-interface", "eth0", sys.executable, WORKER,
-         f"--dump_dir={log_root}_dump", "--distribution=horovod",
-         *partition_flags(synthetic_cifar, log_root)],
-        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    process = start_on(
+        nodes, "node1", horovodrun, "-np", "2", "-H", hosts, "--gloo",
+        "--network-interface", "eth0", sys.executable, WORKER,
+        f"--dump_dir={log_root}_dump", "--distribution=horovod",
+        *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
     lines, cut_at = cut_after(process, nodes, 12)
     output, took = end_of(process, lines, cut_at)
@@ -182,6 +190,78 @@ def test_a_cut_link_ends_horovod_ranks_within_the_bound(
     assert_resumes(nodes, synthetic_cifar, log_root, found[3])
 
 
+# Each rank's exit code to a file, as the batch scripts' TASK_SHELL keeps
+# it: mpirun exits 1 for any failed rank, and only once it has heard from
+# every node's daemon, which a cut link keeps it from (below).
+RANK_SHELL = (
+    'codes=$0; "$@"; code=$?; echo "$code" >"$codes/$OMPI_COMM_WORLD_RANK"; '
+    'exit "$code"'
+)
+
+
+def wait_for_file(path, seconds):
+    """Waits at most `seconds` for `path`; its text, or None."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.5)
+    return None
+
+
+@pytest.mark.slow
+@on_two_nodes
+@requires_horovod
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="no mpirun (Open MPI)")
+def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
+    nodes, synthetic_cifar, tmp_path
+):
+    """Horovod on MPI has no timeout of its own: the watch ends the rank.
+
+    Open MPI's mpirun, started on node1 as the docs say (`-H`), its
+    daemon on node2 over the nodes' ssh. After rank 0 exits 4, mpirun
+    waits for node2's daemon to acknowledge the abort, which the cut
+    keeps from arriving (until TCP gives up: minutes); the batch scripts
+    end it STEP_GRACE seconds after a rank's exit (LAUNCHER=mpirun), as
+    here the test does.
+    """
+    import horovod.tensorflow as hvd  # Not on the newest set.
+
+    if not hvd.mpi_built():
+        pytest.skip("Horovod was built without MPI (no mpicxx at set-up)")
+    log_root = tmp_path / "log"
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
+    process = start_on(
+        nodes, "node1", "mpirun", "--allow-run-as-root", "-np", "2", "-H",
+        hosts, "-bind-to", "none", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+        "-mca", "btl", "tcp,self", "-mca", "btl_tcp_if_include", "eth0",
+        "-mca", "oob_tcp_if_include", "eth0", "sh", "-c", RANK_SHELL,
+        str(codes), sys.executable, WORKER, f"--dump_dir={log_root}_dump",
+        "--distribution=horovod", *partition_flags(synthetic_cifar, log_root),
+    )  # fmt: skip
+    try:
+        lines, cut_at = cut_after(process, nodes, 12)
+        drain = threading.Thread(target=lines.extend, args=(process.stdout,))
+        drain.start()
+        code = wait_for_file(codes / "0", BOUND + 60)
+        took = time.monotonic() - cut_at
+    finally:
+        nodes.end("node1")  # mpirun, node2's daemon and rank (its ssh's).
+        process.wait()
+    drain.join(30)
+    output = "".join(lines)
+    assert code == "4", f"rank 0: {code}\n{output[-3000:]}"
+    assert took < BOUND + 30, f"{took:.0f} s\n{output[-3000:]}"
+    found = re.search(LOST.format(peer=r"rank 1 on node2"), output)
+    assert found, output[-3000:]
+    assert f"--peer_timeout_secs={BOUND}" in found[2]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    with two_nodes.Nodes() as again:
+        assert_resumes(again, synthetic_cifar, log_root, found[3])
+
+
 # TensorFlow's collectives' doing (on CI's newest set, as the helpers
 # say of multi_worker scenarios); Horovod's runs on the pinned set.
 @pytest.mark.slow
@@ -198,22 +278,16 @@ def test_a_cut_link_ends_a_multi_worker_within_the_bound(
         )
     )
     processes = [
-        subprocess.Popen(
-            [
-                *nodes.enter(node),
-                sys.executable,
-                WORKER,
-                f"--dump_dir={log_root}_dump",
-                "--distribution=multi_worker",
-                f"--worker_hosts={workers}",
-                f"--task_index={index}",
-                *partition_flags(synthetic_cifar, log_root),
-            ],
-            env=nodes.env(),
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+        start_on(
+            nodes,
+            node,
+            sys.executable,
+            WORKER,
+            f"--dump_dir={log_root}_dump",
+            "--distribution=multi_worker",
+            f"--worker_hosts={workers}",
+            f"--task_index={index}",
+            *partition_flags(synthetic_cifar, log_root),
         )  # fmt: skip
         for index, node in enumerate(two_nodes.ADDRESSES)
     ]
@@ -260,12 +334,10 @@ def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
         )  # fmt: skip
         for node, job in (("node1", "ps"), ("node2", "worker"))
     ]
-    coordinator = subprocess.Popen(
-        [*nodes.enter("node1"), sys.executable, WORKER,
-         f"--dump_dir={log_root}_dump", "--distribution=parameter_server",
-         *cluster, *partition_flags(synthetic_cifar, log_root)],
-        env=nodes.env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+    coordinator = start_on(
+        nodes, "node1", sys.executable, WORKER, f"--dump_dir={log_root}_dump",
+        "--distribution=parameter_server", *cluster,
+        *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
     try:
         lines, cut_at = cut_after(coordinator, nodes, 12)

@@ -105,11 +105,17 @@ class Nodes:
         return self
 
     def __exit__(self, *exc):
-        for holder in self.holders.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(holder.pid, 9)
-            holder.wait()
+        for node in self.holders:
+            self.end(node)
         shutil.rmtree(self.bin, ignore_errors=True)
+
+    def end(self, node):
+        """Kills every process of `node`'s PID namespace: what a command
+        started there, and what its ssh started on the other node."""
+        holder = self.holders[node]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(holder.pid, 9)
+        holder.wait()
 
     def enter(self, node):
         """The prefix that runs a command on `node`, in the repository."""
