@@ -45,10 +45,10 @@ def step_status_dir(env, cwd):
 def failed_task(codes):
     """`(task, code)` whose code the failed step ends with, or None.
 
-    `codes` is `{task: code}` as the tasks wrote them (see TASK_SHELL in
-    course_job.sh), in the folder's order. The first task that failed of
-    itself wins over one that lost its peers (4): when one task fails, the
-    others of the step exit 4, and only the first says why.
+    `codes` is `{task: code}` as the tasks wrote them (scripts/task.sh),
+    in the folder's order. The first task that failed of itself wins over
+    one that lost its peers (4): when one task fails, the others of the
+    step exit 4, and only the first says why.
     """
     lost = None
     for task, code in codes.items():
