@@ -28,7 +28,6 @@ Why each step is the way it is:
 """
 
 import argparse
-import dataclasses
 import glob
 import hashlib
 import http.client
@@ -50,7 +49,8 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO_ROOT not in sys.path:  # Run as a script: make tf_resnet importable.
     sys.path.insert(0, _REPO_ROOT)
 
-from tf_resnet.config.families import WEIGHTS  # noqa: E402
+from tf_resnet.config.datasets import DATASETS  # noqa: E402
+from tf_resnet.config.families import WEIGHTS, WEIGHTS_DIR  # noqa: E402
 from tf_resnet.errors import DataError  # noqa: E402
 
 # The data root: `datasets/` of the checkout, wherever this is run from.
@@ -58,56 +58,9 @@ from tf_resnet.errors import DataError  # noqa: E402
 DATASETS_DIR = os.path.join(_REPO_ROOT, "datasets")
 
 
-@dataclasses.dataclass(frozen=True)
-class Archive:
-    """One published archive and the top-level folder it unpacks to."""
-
-    url: str
-    md5: str
-    folder: str
-
-    @property
-    def filename(self):
-        """Name on disk: the official one, whatever mirror serves it."""
-        return self.url.rsplit("/", 1)[-1]
-
-
-_TORONTO = "https://www.cs.toronto.edu/~kriz/"
-# md5 values as published on https://www.cs.toronto.edu/~kriz/cifar.html and
-# used by torchvision; the first format of each dataset is the default.
-ARCHIVES = {
-    "cifar10": {
-        "binary": Archive(
-            _TORONTO + "cifar-10-binary.tar.gz",
-            "c32a1d4ab5d03f1284b67883e8d87530",
-            "cifar-10-batches-bin",
-        ),
-        "python": Archive(
-            _TORONTO + "cifar-10-python.tar.gz",
-            "c58f30108f718f92721af3b95e74349a",
-            "cifar-10-batches-py",
-        ),
-    },
-    "cifar100": {
-        "binary": Archive(
-            _TORONTO + "cifar-100-binary.tar.gz",
-            "03b5dce01913d631647c71ecec9e9cb8",
-            "cifar-100-binary",
-        ),
-        "python": Archive(
-            _TORONTO + "cifar-100-python.tar.gz",
-            "eb9058c3a382ffc7106e4002c42a8d85",
-            "cifar-100-python",
-        ),
-    },
-    "tinyimagenet": {
-        "jpeg": Archive(
-            "http://cs231n.stanford.edu/tiny-imagenet-200.zip",
-            "90528d7ca1a48142e341f4ef8d21d0de",
-            "tiny-imagenet-200",
-        ),
-    },
-}
+# Each dataset's published archives by --format, the first the default:
+# the dataset table's (tf_resnet/config/datasets.py).
+ARCHIVES = {name: facts.archives for name, facts in DATASETS.items()}
 
 
 def default_weights_dir(name):
@@ -121,7 +74,7 @@ def default_weights_dir(name):
     if name == "keras_resnet50":
         home = os.environ.get("KERAS_HOME") or os.path.join("~", ".keras")
         return os.path.join(os.path.expanduser(home), "models")
-    return os.path.join(_REPO_ROOT, "weights")
+    return os.path.join(_REPO_ROOT, WEIGHTS_DIR)
 
 
 STAMP = ".download_complete"

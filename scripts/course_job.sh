@@ -9,7 +9,7 @@
 #   REPO         the repository (default: the submit directory)
 #   PYTHON       its interpreter (default: $REPO/.venv/bin/python)
 #   BATCH_PYTHON the interpreter of the job's own decisions and messages
-#                (tf_resnet/launch/batch_job.py: standard library only;
+#                (tf_resnet/jobs/: no TensorFlow, no package;
 #                default: $REPO/.venv/bin/python if it exists, else PYTHON)
 #   DATA_ROOT    where the datasets are (default: $REPO/datasets, where
 #                data/download.py puts them): cifar-100-binary/{train,test}.bin,
@@ -50,7 +50,7 @@
 #                exit 4) requeues itself (default 2)
 #   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
 #                (default: the job's base port, see job_port in
-#                tf_resnet/launch/batch_job.py)
+#                tf_resnet/jobs/allocation.py)
 #   NUM_PS       async task: how many tasks are parameter servers (default 1)
 #   PS_PORT      async task: task i listens on PS_PORT + i (default: the
 #                job's base port)
@@ -80,22 +80,23 @@ PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 # imports TensorFlow, whose start-up INFO lines would open every Horovod
 # job's output.
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-1}
+# Read by the jobs of tf_resnet/jobs/ and by scripts/train_horovod.*.
 DATA_ROOT=${DATA_ROOT:-$REPO/datasets}
-# The run directory and the script that submits the task again, once known
-# (`check_task_data`); the signal that stopped the job, if one did.
-RUN_DIR="" JOB_SCRIPT="" STOPPED=""
 read -ra EXTRA <<<"${EXTRA_FLAGS:-}"
 # ${a[@]+"${a[@]}"}: an empty array, which bash before 4.4 calls unbound
 # under set -u.
+# The run directory and the script that submits the task again, once
+# planned (`plan_task`); the signal that stopped the job, if one did.
+RUN_DIR="" JOB_SCRIPT="" STOPPED=""
 
 log() { echo "$(date -u +%H:%M:%S) course_job: $*" >&2; }
 
-# The job's decisions and messages: tf_resnet/launch/batch_job.py of the
-# checkout this file is in (standard library only, no TensorFlow), run by
-# BATCH_PYTHON with the shell's variables. It logs its own lines; what it
-# prints is read back, a value a line. It ignores the stop signals, which
-# qdel sends to every process of the job: killed, it would fail, and set
-# -e end the job before it says where the run stopped.
+# The job's decisions and messages: tf_resnet/jobs/ of the checkout this
+# file is in (no TensorFlow), run by BATCH_PYTHON with the shell's
+# variables. It logs its own lines; what it prints is read back, a value a
+# line. It ignores the stop signals, which qdel sends to every process of
+# the job: killed, it would fail, and set -e end the job before it says
+# where the run stopped.
 TF_RESNET_SRC=$(cd -P "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [[ -z ${BATCH_PYTHON:-} ]]; then
   BATCH_PYTHON=$PYTHON
@@ -106,7 +107,7 @@ batch_job() (
   SCHEDULER=$SCHEDULER REPO=$REPO PYTHON=$PYTHON DATA_ROOT=$DATA_ROOT \
     RUN_DIR=$RUN_DIR JOB_SCRIPT=$JOB_SCRIPT PWD=$PWD JOB_SHELL=$$ \
     PYTHONPATH=$TF_RESNET_SRC${PYTHONPATH:+:$PYTHONPATH} \
-    exec "$BATCH_PYTHON" -S -m tf_resnet.launch.batch_job "$@"
+    exec "$BATCH_PYTHON" -S -m tf_resnet.jobs "$@"
 )
 
 # `module load $MODULES`, where a cluster has environment modules; nothing
@@ -149,13 +150,13 @@ load_modules
 # runs no trap while a foreground command runs, so only this way does the
 # shell act on a signal within a second. SIGTERM needs no passing on: the
 # scheduler sends it to every process of the job (scancel, requeue,
-# preemption; qdel), and the
-# training processes agree on the step to stop at among themselves. SIGUSR1,
-# the time limit's warning, stops the training the same way and requeues
-# the job once it has exited. With STEP_STATUS set (a job step started by
-# `step_command`), a failed task ends the step STEP_GRACE seconds later and
-# a lost task requeues the job. Returns the command's exit code, or the
-# failed task's.
+# preemption; qdel), and the training processes agree on the step to stop
+# at among themselves. SIGUSR1, the time limit's warning, stops the
+# training the same way and requeues the job once it has exited. With
+# STEP_STATUS set (a job step, each of whose tasks writes its exit code
+# there: scripts/task.sh), a failed task ends the step STEP_GRACE seconds
+# later and a lost task requeues the job. Returns the command's exit code,
+# or the failed task's.
 run_job_command() {
   local code=0 failed=""
   REQUEUE=0 STOPPED=""
@@ -176,7 +177,9 @@ run_job_command() {
   fi
   if [[ -n $failed ]]; then
     code=${failed#* }
-    if ((code == 4)); then requeue_after_lost_task; fi
+    # A lost task (a node or a process of the step gone) is what a requeue
+    # fixes, from the last checkpoint, up to MAX_REQUEUES times.
+    if ((code == 4)) && batch_job lost_task; then REQUEUE=1; fi
   fi
   if ((REQUEUE)); then
     requeue_job
@@ -221,50 +224,6 @@ record_stop_signals() {
   trap - USR1
 }
 
-# The shell every task or rank runs: in $1 (REPO), the rest of its
-# arguments, with --task_index=<its rank> where $3 is set, its exit code
-# then written to $2/<its rank> (see run_job_command). The rank is the
-# launcher's: Horovod's, Open MPI's, MPICH's, PMIx's, Cray ALPS's, else the
-# Slurm task's.
-# It traps SIGTERM, which the scheduler sends to every process of the job,
-# so that it outlives the training process's checkpoint and records its
-# code.
-TASK_SHELL='trap : TERM; cd "$1" && status=$2 index=$3 && shift 3
-  rank=${HOROVOD_RANK:-${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-${ALPS_APP_PE:-${SLURM_PROCID:-0}}}}}}
-  "$@" ${index:+--task_index="$rank"}; code=$?
-  echo "$code" >"$status/$rank"; exit "$code"'
-
-# Sets STEP to srun's command line for a job step of $2 tasks, one per
-# task slot, with Slurm's MPI plugin $1 (none for TensorFlow's own workers,
-# even where the cluster's MpiDefault is an MPI). Each task runs the rest of
-# the arguments in TASK_SHELL, with --task_index=<its rank> where the first
-# argument is --task_index. No --kill-on-bad-exit: srun would have Slurm
-# signal the step on every node, and where a node is lost that signal
-# waits in Slurm's queue until the node is back, then stops the requeued
-# job's step of the same number; run_job_command ends the step itself.
-step_command() {
-  local mpi=$1 tasks=$2 index=""
-  shift 2
-  if [[ $1 == --task_index ]]; then index=1 && shift; fi
-  STEP_STATUS=$(batch_job step_dir)
-  STEP=(srun --ntasks="$tasks" --distribution=block --mpi="$mpi" /bin/bash
-    -c "$TASK_SHELL" task "$REPO" "$STEP_STATUS" "$index" "$@")
-}
-
-# Sets RANK to the rest of the arguments as one rank of horovodrun or
-# mpirun, in TASK_SHELL: its exit code is kept, where the launcher would
-# exit 1 for any failed rank.
-rank_command() {
-  STEP_STATUS=$(batch_job step_dir)
-  RANK=(/bin/bash -c "$TASK_SHELL" rank "$REPO" "$STEP_STATUS" "" "$@")
-}
-
-# A task lost its peers (a node or a process of the step gone): what a
-# requeue fixes, from the last checkpoint, up to MAX_REQUEUES times.
-requeue_after_lost_task() {
-  if batch_job lost_task; then REQUEUE=1; fi
-}
-
 # Runs a launcher (horovodrun) that would end its children on SIGTERM with
 # SIGTERM ignored: its ranks, whose own handler turns SIGTERM into a
 # checkpoint, must get the time to agree on a step and write it.
@@ -280,30 +239,8 @@ time_limit_near() {
 }
 
 # SIGTERM to the job's training processes, as the scheduler's stop would
-# send it: those started by this shell, and (Slurm) the tasks of its job
-# steps. Not to srun: srun ends its tasks with SIGKILL on SIGTERM.
-stop_training() {
-  local pid args
-  for pid in $(descendants $$); do
-    args=()
-    { mapfile -d '' -t args <"/proc/$pid/cmdline"; } 2>/dev/null || continue
-    # `python resnet_main.py ...` itself, not a launcher naming it.
-    if [[ ${args[1]:-} == *resnet_main.py ]]; then
-      kill -TERM "$pid" 2>/dev/null || true
-    fi
-  done
-  if [[ $SCHEDULER == slurm ]]; then
-    scancel --signal=TERM "$SLURM_JOB_ID" 2>/dev/null || true
-  fi
-}
-
-descendants() {
-  local child
-  for child in $(pgrep -P "$1"); do
-    echo "$child"
-    descendants "$child"
-  done
-}
+# send it (`status.stop_training`).
+stop_training() { batch_job stop_training; }
 
 requeue_job() {
   if [[ $SCHEDULER != slurm ]]; then
@@ -318,17 +255,6 @@ requeue_job() {
 # qdel): where the run stopped, from what is on disk, and how it goes on.
 report_stop() { batch_job stop_report "$STOPPED"; }
 
-# Sets RUN_DIR, JOB_SCRIPT (the script that submits task $1 again) and
-# FLAGS (its data, run directory and weights) after the job's first line,
-# what it reads; exits 2 where that is missing.
-check_task_data() {
-  local out
-  out=$(batch_job task "$1") || exit
-  mapfile -t FLAGS <<<"$out"
-  RUN_DIR=${FLAGS[0]} JOB_SCRIPT=${FLAGS[1]}
-  FLAGS=("${FLAGS[@]:2}")
-}
-
 # need_data PATH DOWNLOAD_FLAGS VARIABLES: one error line and exit 2 (bad
 # input, as resnet_main's) when PATH, a file, folder or glob, matches
 # nothing; it names the download that fetches it and the variables.
@@ -339,109 +265,46 @@ need_data() { batch_job need_data "$@" || exit; }
 job_slots() { batch_job slots; }
 horovod_hosts() { batch_job horovod_hosts; }
 
-# A single-node task: one resnet_main.py process on the node's GPUs
-# (--num_gpus: one process uses only the GPUs it is asked to); under
-# LAUNCHER=aprun on a compute node, `aprun -n 1 -N 1`, which counts its
-# GPUs there (NODE_GPUS).
-train_single() {
-  local preset=$1 gpus launch
-  check_task_data "$preset"
-  launch=$(batch_job aprun 1) || exit
-  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}")
+# Plans task $2 as a task of kind $1 (tf_resnet/jobs/tasks.py: single,
+# ranks, workers or async), in the repository, after the job's first line,
+# what it reads; exits 2 where that is missing. Sets RUN_DIR, JOB_SCRIPT,
+# STEP_STATUS (a job step's exit codes, see run_job_command), the async
+# task's SERVER_ADDRESSES (host:port,...) and SERVER_LAUNCH, and PLAN, the
+# command.
+plan_task() {
+  local out
   cd "$REPO"
-  if [[ -n $launch ]]; then
-    mapfile -t launch <<<"$launch"
-    log "$preset on the compute nodes: ${launch[*]}"
-    run_job_command "${launch[@]}" /bin/bash -c "$NODE_GPUS" task "$REPO" \
-      "${command[@]}" ${EXTRA[@]+"${EXTRA[@]}"}
-    return
-  fi
-  gpus=$(batch_job gpus)
-  log "$preset on $(hostname)"
-  run_job_command "${command[@]}" --num_gpus="$gpus" ${EXTRA[@]+"${EXTRA[@]}"}
+  out=$(batch_job plan "$@") || exit
+  mapfile -t PLAN <<<"$out"
+  RUN_DIR=${PLAN[0]} JOB_SCRIPT=${PLAN[1]} STEP_STATUS=${PLAN[2]}
+  SERVER_ADDRESSES=${PLAN[3]}
+  SERVER_LAUNCH=("${PLAN[@]:5:${PLAN[4]}}")
+  PLAN=("${PLAN[@]:5+${PLAN[4]}}")
 }
 
-# The shell aprun runs a one-node task in: in $1 (REPO), the rest of its
-# arguments, `python script`, then --num_gpus=<the node's GPUs>, then the
-# flags (so that EXTRA_FLAGS' --num_gpus wins). ALPS gives a job whole
-# nodes, so every GPU of the node (a /dev/nvidiaN each) is the job's; the
-# batch shell's node, a service node, cannot say how many.
-NODE_GPUS='cd "$1" && shift && gpus=(/dev/nvidia[0-9]*)
-  [[ -e ${gpus[0]} ]] || gpus=()
-  exec "$1" "$2" --num_gpus="${#gpus[@]}" "${@:3}"'
+# A single-node task: one resnet_main.py process on the node's GPUs.
+train_single() {
+  plan_task single "$1"
+  run_job_command "${PLAN[@]}"
+}
 
 # Synchronous all-reduce: one process per task slot, on every node, with
-# the engine ENGINE names.
+# the engine ENGINE names: Horovod ranks started by LAUNCHER, or
+# multi_worker workers (under PBS without aprun: `pbs_workers`).
 train_sync() {
-  check_task_data "$1"
   case ${ENGINE:-horovod} in
-    horovod) train_sync_horovod "$@" ;;
-    multi_worker) train_sync_multi_worker "$@" ;;
+    horovod) plan_task ranks "$1" ;;
+    multi_worker) plan_task workers "$1" ;;
     *)
       log "error: ENGINE=$ENGINE: expected horovod or multi_worker"
       return 2
       ;;
   esac
-}
-
-# One Horovod rank per task slot, started by LAUNCHER: horovodrun (ssh and
-# Gloo), srun (Slurm's PMIx or PMI2 and Horovod's MPI), mpirun (the MPI's
-# own launcher) or aprun (Cray ALPS, as the course's `aprun -n N -N 1`).
-# The launcher's command line is batch_job's (`horovod_launcher`).
-train_sync_horovod() {
-  local preset=$1 launch
-  launch=$(batch_job launcher "$preset") || return
-  mapfile -t launch <<<"$launch"
-  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}"
-    ${EXTRA[@]+"${EXTRA[@]}"})
-  cd "$REPO"
-  if [[ ${launch[0]} == srun ]]; then
-    step_command "${launch[1]}" "${launch[2]}" "${command[@]}"
-    run_job_command "${STEP[@]}"
+  if [[ ${PLAN[0]} == pbs_workers ]]; then
+    "${PLAN[@]}"
   else
-    if [[ ${launch[0]} == aprun ]]; then
-      log "ranks on the compute nodes: ${launch[*]}"
-    fi
-    rank_command "${command[@]}"
-    run_job_command "${launch[@]}" "${RANK[@]}"
+    run_job_command "${PLAN[@]}"
   fi
-}
-
-# One --distribution=multi_worker worker per task slot (TensorFlow's
-# MultiWorkerMirroredStrategy: no Horovod, no ssh), started by srun, by
-# aprun (LAUNCHER=aprun: a PE per slot of `placed_slots`) or by pbsdsh -n
-# i. Slot i listens on MW_PORT + i; slot 0 is the chief.
-train_sync_multi_worker() {
-  local preset=$1 plan count hosts launch
-  plan=$(batch_job workers)  # How many, and their host:port list.
-  mapfile -t plan <<<"$plan"
-  count=${plan[0]} hosts=${plan[1]}
-  cd "$REPO"
-  log "$preset: $count multi_worker workers at $hosts"
-  # Everything as arguments (pbsdsh passes no environment), the engine's
-  # flags last so that they win over EXTRA_FLAGS; each task first enters
-  # the repository (pbsdsh starts tasks in $HOME).
-  local command=("$PYTHON" resnet_main.py --preset="$preset" "${FLAGS[@]}"
-    ${EXTRA[@]+"${EXTRA[@]}"} --distribution=multi_worker
-    --worker_hosts="$hosts")
-  if [[ $SCHEDULER == slurm ]]; then
-    # One task per slot, its index from SLURM_PROCID; the step ends when
-    # one fails.
-    step_command none "$count" --task_index "${command[@]}"
-    run_job_command "${STEP[@]}"
-    return
-  fi
-  launch=$(batch_job aprun) || return
-  if [[ -n $launch ]]; then
-    # One PE per worker, its index from ALPS_APP_PE (TASK_SHELL).
-    mapfile -t launch <<<"$launch"
-    log "workers on the compute nodes: ${launch[*]}"
-    STEP_STATUS=$(batch_job step_dir)
-    run_job_command "${launch[@]}" /bin/bash -c "$TASK_SHELL" task "$REPO" \
-      "$STEP_STATUS" 1 "${command[@]}"
-    return
-  fi
-  pbs_workers "$count" "${command[@]}"
 }
 
 # Workers 0..$1-1 of the rest of the arguments, each started by pbsdsh -n i
@@ -491,23 +354,16 @@ pbs_workers() {
 # Asynchronous SGD: task slots 0..NUM_PS-1 are parameter servers, the others
 # workers; the coordinator runs here, in the batch shell on the first node.
 train_async() {
-  local preset=$1 plan count ps_hosts worker_hosts code=0
-  SERVERS=()  # The srun or pbsdsh processes that started the servers.
-  check_task_data "$preset"
-  # The task slots, and the addresses of the servers and of the workers.
-  plan=$(batch_job servers) || return
-  mapfile -t plan <<<"$plan"
-  count=${plan[0]} ps_hosts=${plan[1]} worker_hosts=${plan[2]}
-  cd "$REPO"
-  log "$preset: ps $ps_hosts, workers $worker_hosts"
-  start_servers "$count" "$ps_hosts" "$worker_hosts"
-  local addresses
-  IFS=, read -ra addresses <<<"$ps_hosts,$worker_hosts"
-  wait_for_servers "${addresses[@]}" || code=$?
+  local code=0
+  SERVERS=()  # The srun, aprun or pbsdsh processes that started the servers.
+  REQUEUE=0 STOPPED=""
+  plan_task async "$1"
+  start_servers
+  # Until every server accepts connections (START_TIMEOUT, default 300 s):
+  # the coordinator would fail on one that is not up yet.
+  batch_job wait_for_servers "$SERVER_ADDRESSES" "${SERVERS[@]}" || code=$?
   if ((code == 0)); then
-    "$PYTHON" resnet_main.py --preset="$preset" --ps_hosts="$ps_hosts" \
-      --worker_hosts="$worker_hosts" "${FLAGS[@]}" \
-      ${EXTRA[@]+"${EXTRA[@]}"} &
+    "${PLAN[@]}" &
     watch_coordinator $! || code=$?
   fi
   # The servers serve until killed; the scheduler also ends any task of the
@@ -535,31 +391,19 @@ coordinator_ended() {
   return "$code"
 }
 
-# Starts a ps or worker server on each of the $1 task slots, given the
-# --ps_hosts $2 and --worker_hosts $3, and adds their launchers to SERVERS:
-# srun, one aprun (LAUNCHER=aprun: a PE per task, its index from
-# ALPS_APP_PE), else pbsdsh per slot.
+# Starts a ps or worker server on each task slot (SERVER_ADDRESSES) and
+# adds their launchers to SERVERS: srun or aprun (SERVER_LAUNCH) once, else
+# pbsdsh per slot, with the slot's index last.
 start_servers() {
-  local count=$1 i launch
-  # The servers get everything as arguments: pbsdsh passes no environment.
-  local task=("$REPO/scripts/ps_task.sh" "$PYTHON" "$REPO" "$2" "$3")
-  if [[ $SCHEDULER == slurm ]]; then
-    # One task per slot; ps_task.sh takes its index from SLURM_PROCID.
-    srun --ntasks="$count" --distribution=block --kill-on-bad-exit=1 \
-      --mpi=none "${task[@]}" &
+  local i addresses
+  if [[ ${SERVER_LAUNCH[0]} != pbsdsh ]]; then
+    "${SERVER_LAUNCH[@]}" &
     SERVERS+=($!)
     return
   fi
-  launch=$(batch_job aprun) || exit
-  if [[ -n $launch ]]; then
-    mapfile -t launch <<<"$launch"
-    log "ps and worker servers on the compute nodes: ${launch[*]}"
-    "${launch[@]}" "${task[@]}" &
-    SERVERS+=($!)
-    return
-  fi
-  for ((i = 0; i < count; i++)); do
-    pbsdsh -n "$i" -- "${task[@]}" "$i" &
+  IFS=, read -ra addresses <<<"$SERVER_ADDRESSES"
+  for ((i = 0; i < ${#addresses[@]}; i++)); do
+    pbsdsh -n "$i" -- "${SERVER_LAUNCH[@]:1}" "$i" &
     SERVERS+=($!)
   done
 }
@@ -626,23 +470,3 @@ servers_alive() {
   done
 }
 
-# Returns once every host:port accepts connections (the coordinator would
-# fail on a server that is not up yet); 1 after START_TIMEOUT seconds or
-# when a process of SERVERS has exited.
-wait_for_servers() {
-  local deadline=$((SECONDS + ${START_TIMEOUT:-300})) address
-  for address in "$@"; do
-    until timeout 5 bash -c ': <"/dev/tcp/$1/$2"' _ "${address%:*}" \
-      "${address##*:}" 2>/dev/null; do
-      if ! servers_alive; then
-        log "error: a server task exited before serving (see above)"
-        return 1
-      fi
-      if ((SECONDS > deadline)); then
-        log "error: no server at $address after ${START_TIMEOUT:-300}s"
-        return 1
-      fi
-      sleep 1
-    done
-  done
-}

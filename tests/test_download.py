@@ -17,6 +17,7 @@ import zipfile
 import pytest
 
 from tests.helpers import ROOT, load_data_script
+from tf_resnet.config.datasets import Archive
 from tf_resnet.errors import DataError
 
 download = load_data_script("download")
@@ -141,7 +142,7 @@ def fake_cifar10(server, monkeypatch):
     """
     body = _tar_gz(_regular_tar_members())
     server.files["mirror/cifar-10-binary.tar.gz"] = body
-    spec = download.Archive(
+    spec = Archive(
         "http://127.0.0.1:9/cifar-10-binary.tar.gz", _md5(body), FOLDER
     )
     monkeypatch.setitem(download.ARCHIVES, "cifar10", {"binary": spec})
@@ -183,7 +184,7 @@ def test_zip_archive_with_keep_archive(server, tmp_path, monkeypatch):
     }
     body = _zip(files.items())
     server.files["tiny.zip"] = body
-    spec = download.Archive(
+    spec = Archive(
         server.url("tiny-imagenet-200.zip"), _md5(body), "tiny-imagenet-200"
     )
     monkeypatch.setitem(download.ARCHIVES, "tinyimagenet", {"jpeg": spec})

@@ -26,7 +26,7 @@ OWN_MODULES = {
     "horovod": {
         "distribute/horovod_ranks.py",
         "launch/horovod.py",
-        "launch/batch_job.py",  # Its Horovod step's command lines.
+        "jobs/cli.py",  # Its Horovod step's command lines.
     },
     "averaging": {"distribute/averaging.py"},
     "parameter_server": {"distribute/parameter_server.py", "launch/ps.py"},

@@ -34,7 +34,7 @@ import re
 
 # resnet_main.py's exit code of a lost peer (a task of the cluster gone or
 # silent): the Slurm jobs of scripts/ requeue on it
-# (tf_resnet/launch/batch_job.py).
+# (tf_resnet/jobs/status.py).
 LOST_PEER = 4
 
 

@@ -1,8 +1,10 @@
 """What is known of each dataset, and the data settings of a run.
 
-`DATASETS` is the one table of dataset facts: the readers', the config's
-and the benches' (`SOURCES`, the on-disk formats `--data_source` offers, is
-derived from it, and `tf_resnet.data` checks its readers against it).
+`DATASETS` is the one table of dataset facts: the readers', the config's,
+the benches', `data/download.py`'s (the published archives) and the batch
+jobs' (where a split's files are once downloaded); `SOURCES`, the on-disk
+formats `--data_source` offers, is derived from it, and `tf_resnet.data`
+checks its readers against it.
 `InputKnobs` are the options every input pipeline reads: each field is
 declared once, with `schema.setting`, and is at the same time the run's
 setting (`DataConfig` extends `InputKnobs`), so its flag, and the option
@@ -23,6 +25,36 @@ from tf_resnet.errors import UserInputError
 
 
 @dataclasses.dataclass(frozen=True)
+class Archive:
+    """One published archive of a dataset and what it unpacks to.
+
+    Attributes:
+      url: the official address; a mirror must serve the same bytes.
+      md5: its checksum, as published.
+      folder: the top-level folder it unpacks to.
+      train: the training files in `folder` (a glob), "" for the folder
+        itself (a TinyImageNet root is both splits).
+      eval: the evaluation files in `folder`, likewise.
+    """
+
+    url: str
+    md5: str
+    folder: str
+    train: str = ""
+    eval: str = ""
+
+    @property
+    def filename(self):
+        """Name on disk: the official one, whatever mirror serves it."""
+        return self.url.rsplit("/", 1)[-1]
+
+    def split_path(self, root, training):
+        """The path of a split once unpacked under the data root `root`."""
+        files = self.train if training else self.eval
+        return "/".join(x for x in (root, self.folder, files) if x)
+
+
+@dataclasses.dataclass(frozen=True)
 class DatasetFacts:
     """What is known about a dataset before any of its files is read.
 
@@ -39,6 +71,9 @@ class DatasetFacts:
         scale, as published; `normalization="dataset"` scales it to the
         0-255 pixel values.
       std: per-channel standard deviation, same scale as `mean`.
+      archives: the published archives by `data/download.py --format`;
+        the first is what it fetches by default, and where the batch jobs
+        look.
       eval_split: what the dataset calls the split a run evaluates on, as
         the learning curve names it (TinyImageNet's labelled one is `val`).
     """
@@ -49,11 +84,12 @@ class DatasetFacts:
     sources: tuple[str, ...]
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
+    archives: dict[str, Archive]
     eval_split: str = "test"
 
 
-def _cifar(num_classes, mean, std):
-    """CIFAR-10 and CIFAR-100 differ only in classes and pixel statistics."""
+def _cifar(num_classes, mean, std, archives):
+    """CIFAR-10 and -100 differ in classes, pixel statistics, archives."""
     return DatasetFacts(
         num_classes=num_classes,
         image_size=32,
@@ -61,15 +97,59 @@ def _cifar(num_classes, mean, std):
         sources=("binary", "pickle", "tfds"),
         mean=mean,
         std=std,
+        archives=archives,
     )
 
 
+_TORONTO = "https://www.cs.toronto.edu/~kriz/"
 # The mean and std are the pixel statistics of each training set (50,000
 # CIFAR images, 100,000 TinyImageNet images) that torchvision-based recipes
-# use with `transforms.Normalize`.
+# use with `transforms.Normalize`. The archives' md5 values are as
+# published on https://www.cs.toronto.edu/~kriz/cifar.html and used by
+# torchvision.
 DATASETS = {
-    "cifar10": _cifar(10, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": _cifar(100, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "cifar10": _cifar(
+        10,
+        (0.4914, 0.4822, 0.4465),
+        (0.2470, 0.2435, 0.2616),
+        {
+            "binary": Archive(
+                _TORONTO + "cifar-10-binary.tar.gz",
+                "c32a1d4ab5d03f1284b67883e8d87530",
+                "cifar-10-batches-bin",
+                train="data_batch_*.bin",
+                eval="test_batch.bin",
+            ),
+            "python": Archive(
+                _TORONTO + "cifar-10-python.tar.gz",
+                "c58f30108f718f92721af3b95e74349a",
+                "cifar-10-batches-py",
+                train="data_batch_*",
+                eval="test_batch",
+            ),
+        },
+    ),
+    "cifar100": _cifar(
+        100,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        {
+            "binary": Archive(
+                _TORONTO + "cifar-100-binary.tar.gz",
+                "03b5dce01913d631647c71ecec9e9cb8",
+                "cifar-100-binary",
+                train="train.bin",
+                eval="test.bin",
+            ),
+            "python": Archive(
+                _TORONTO + "cifar-100-python.tar.gz",
+                "eb9058c3a382ffc7106e4002c42a8d85",
+                "cifar-100-python",
+                train="train",
+                eval="test",
+            ),
+        },
+    ),
     "tinyimagenet": DatasetFacts(
         num_classes=200,
         image_size=64,
@@ -77,6 +157,13 @@ DATASETS = {
         sources=("folder",),
         mean=(0.4802, 0.4481, 0.3975),
         std=(0.2302, 0.2265, 0.2262),
+        archives={
+            "jpeg": Archive(
+                "http://cs231n.stanford.edu/tiny-imagenet-200.zip",
+                "90528d7ca1a48142e341f4ef8d21d0de",
+                "tiny-imagenet-200",
+            ),
+        },
         eval_split="val",
     ),
 }

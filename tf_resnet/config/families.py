@@ -211,6 +211,10 @@ class WeightsFile:
         return self.url.rsplit("/", 1)[-1]
 
 
+# The checkout's folder `data/download.py` puts torchvision's files in,
+# where the batch jobs look (`tf_resnet.jobs`).
+WEIGHTS_DIR = "weights"
+
 # The files `--pretrained` reads (tf_resnet/models/pretrained.py):
 # torchvision's ResNet-18, checked like torch.hub does by the sha256 prefix
 # in its name, and Keras' ResNet50 without its classifier, checked by the

@@ -5,6 +5,11 @@ course assignment's dataset, model, budget and engine (`--preset`), and
 may name a recipe. Both are plain `{field name: value}` layers that
 `config.resolve` puts under the saved config and the explicit flags; the
 fields and their meaning are `config`'s.
+
+What a preset reads is here too, for its batch job (`tf_resnet.jobs`):
+its data are its dataset's files (`dataset`, whose archive and files the
+dataset table names), and `PRETRAINED` names the published weights it
+starts from.
 """
 
 # Groups of recipe fields, set by `--recipe`; docs/recipes.md says why.
@@ -91,3 +96,9 @@ PRESETS = {
         "backbone_lr_multiplier": 0.1,
     },
 }
+
+# The published weights a preset starts from (a key of
+# `config.families.WEIGHTS`): its batch job passes the file as
+# `--pretrained` and names `data/download.py --weights=NAME` when it is
+# missing. A command line gives `--pretrained` itself.
+PRETRAINED = {"resnet18_cifar100": "resnet18"}

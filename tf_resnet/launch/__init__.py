@@ -14,10 +14,8 @@ private: Ray Train places the workers on the nodes of an existing Ray
 cluster, on its network; each worker's training process dies with its
 actor as a local launcher's die with it (`processes.die_with`).
 
-`batch_job` is not a launcher but the course batch jobs' decisions
-(`scripts/course_job.sh` asks it for the allocation, ports, launcher
-command lines and its messages; the shell keeps the processes and
-signals).
+The course's Slurm and PBS jobs, whose processes the scheduler starts,
+are not here: `tf_resnet.jobs`.
 
 Which engines a launcher starts is its engines' `launcher` field
 (`tf_resnet.engines.registry`).
