@@ -84,7 +84,7 @@ def run(argv):
             alone = startup.alone(started.engine, started.reason, dist)
         distributor = make_distributor(
             started.engine,
-            config.optim.batch_size,
+            config.optim,
             dist,
             started.devices,
         )

@@ -198,7 +198,7 @@ def start_mode(config):
     keras.utils.set_random_seed(0)
     return make_distributor(
         started.engine,
-        config.optim.batch_size,
+        config.optim,
         config.distribution,
         started.devices,
     )
@@ -234,10 +234,10 @@ def fixed_batch_step(config, mode, image_size, classes, total_steps):
         train_loop.make_replica_fn(model, optimizer, mode, config)
     )
     rng = np.random.default_rng(0)
-    shape = (mode.replica_batch, image_size, image_size, 3)
+    shape = (mode.batch.replica_batch, image_size, image_size, 3)
     batch = (
         rng.normal(size=shape).astype("float32"),
-        rng.integers(0, classes, size=mode.replica_batch).astype("int32"),
+        rng.integers(0, classes, size=mode.batch.replica_batch).astype("int32"),
     )
     iterator = mode.distribute_dataset(
         lambda *_: tf.data.Dataset.from_tensors(batch).repeat()

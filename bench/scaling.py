@@ -129,8 +129,7 @@ def run_rank(spec):
             + json.dumps(
                 {
                     "images_per_sec": [
-                        spec["steps"] * config.optim.batch_size / s
-                        for s in seconds
+                        mode.batch.examples(spec["steps"]) / s for s in seconds
                     ],
                     "step_ms": 1e3 * step_s,
                     "allreduce_ms": 1e3 * reduce_s,

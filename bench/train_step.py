@@ -146,7 +146,7 @@ def setup_ours(spec):
         weight_decay=float(spec.get("wd", 1e-4)),
         ema_decay=float(spec["ema"]),
     )
-    mode = tf_strategy.default_distributor(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim)
     model = builders.build_model(
         config, mode, common.training_split(spec["data"])
     )
@@ -173,7 +173,7 @@ def setup_ours(spec):
         for _ in range(steps):
             metrics = train_step(iterator)
         mode.fetch(metrics)  # Waits for the last step.
-        return steps * config.optim.batch_size
+        return mode.batch.examples(steps)
 
     _warm_up(run_block)
     return run_block, {"parameters": model.count_params()}

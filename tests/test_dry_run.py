@@ -130,32 +130,33 @@ def test_a_single_process_needs_no_launcher(tmp_path):
 
 
 SAME_AS_THE_MODE = """
-import json, sys
+import dataclasses, json, sys
 import tf_resnet
-from tf_resnet import dry_run, runtime
+from tf_resnet import batch_plan, dry_run, runtime
 from tf_resnet.config import settings
 from tf_resnet.engines.distributors import make_distributor
 config = settings.make_config(**json.loads(sys.argv[1]))
 started = runtime.start(config)
-mode = make_distributor(started.engine, config.optim.batch_size,
+mode = make_distributor(started.engine, config.optim,
                  config.distribution, started.devices)
 in_sync, per_update, _ = dry_run.replicas(config, started)
-print(json.dumps([in_sync, per_update, mode.num_replicas,
-                  mode.replicas_per_update]))
+printed = batch_plan.plan(config.optim, in_sync, per_update,
+                          started.engine.name)
+print(json.dumps([dataclasses.asdict(printed),
+                  dataclasses.asdict(mode.batch), mode.num_replicas]))
 """
 
 
 @pytest.mark.parametrize(
     "values",
     [
-        {"cpu_replicas": 2},
+        {"cpu_replicas": 2, "batch_size": 64, "accumulate_steps": 2},
         {"distribution": "default"},
         {"distribution": "mirrored", "cpu_replicas": 2},
     ],
 )
-def test_the_printed_replicas_are_the_modes(values):
+def test_the_printed_batch_plan_is_the_modes(values):
     output = run_python(SAME_AS_THE_MODE, json.dumps(values))
-    in_sync, per_update, replicas, replicas_per_update = json.loads(
-        output.strip().splitlines()[-1]
-    )
-    assert (in_sync, per_update) == (replicas, replicas_per_update)
+    printed, modes, replicas = json.loads(output.strip().splitlines()[-1])
+    assert printed == modes
+    assert printed["replicas"] == replicas

@@ -104,7 +104,7 @@ def evaluated(tmp_path_factory):
     os.makedirs(cfg.run.log_root)
     plan = builders.RunPlan(100, 10, 100, 10, 10, 0, 10, 32, NAMES)
     config_lib.save(cfg, plan, summaries.atomic_write)  # Names the classes.
-    mode = tf_strategy.default_distributor(cfg.optim.batch_size)
+    mode = tf_strategy.default_distributor(cfg.optim)
     evaluator = evaluation.Evaluator(cfg, mode, TrainState(channel_model()))
     result = evaluator(7, 0.7)
     evaluator.close()
@@ -184,7 +184,7 @@ def test_a_cut_evaluation_records_its_images_and_the_title_its_task(
         batch_size=4,
         eval_batch_count=2,
     )
-    mode = tf_strategy.default_distributor(cfg.optim.batch_size)
+    mode = tf_strategy.default_distributor(cfg.optim)
     evaluator = evaluation.Evaluator(cfg, mode, TrainState(channel_model()))
     assert evaluator(3, 0.3)["examples"] == 8
     evaluator.close()
@@ -404,8 +404,9 @@ def test_a_checkpoint_deleted_before_its_restore_is_skipped(
         keep_checkpoints=1,
         dtype="float32",
     )
-    mode = tf_strategy.default_distributor(16)
-    train_loop.train(settings.make_config(**values), mode)
+    config = settings.make_config(**values)
+    mode = tf_strategy.default_distributor(config.optim)
+    train_loop.train(config, mode)
     next_run = settings.make_config(**{**values, "train_steps": 3})
     checkpoint_paths = evaluation._checkpoint_paths
 

@@ -176,12 +176,12 @@ def tiny_training(config, steps=4, image_size=8):
     Returns the per-step mean losses and the optimizer.
     """
     keras.utils.set_random_seed(0)
-    mode = tf_strategy.default_distributor(config.optim.batch_size)
     model = cifar_resnet.cifar_resnet(8, 10, (image_size, image_size, 3))
     rate = 0.1 * 128 / config.optim.batch_size  # 0.1 after linear scaling.
     config = dataclasses.replace(
         config, optim=dataclasses.replace(config.optim, learning_rate=rate)
     )
+    mode = tf_strategy.default_distributor(config.optim)
     optimizer = builders.build_optimizer(config, mode, model, 1000)
     step = mode.make_train_step(
         train_loop.make_replica_fn(model, optimizer, mode, config)
@@ -277,7 +277,7 @@ def test_weight_decay_gradient_equals_the_l2_penalty(loss_scaling):
     differentiating the penalty: the update must be the same."""
     keras.utils.set_random_seed(0)
     config = make_config(batch_size=8, weight_decay=0.05)
-    mode = tf_strategy.default_distributor(config.optim.batch_size)
+    mode = tf_strategy.default_distributor(config.optim)
     model = cifar_resnet.cifar_resnet(8, 10, (8, 8, 3))
     optimizer = keras.optimizers.SGD(1.0)  # Update = -gradient.
     if loss_scaling:

@@ -321,9 +321,7 @@ def test_backbone_is_frozen_then_trained(source_resnet18, tmp_path):
         train_steps=6,
         checkpoint_every_steps=4,
     )
-    train_loop.train(
-        config, tf_strategy.default_distributor(config.optim.batch_size)
-    )
+    train_loop.train(config, tf_strategy.default_distributor(config.optim))
 
     def restored(step):
         model = build_model("resnet18", 10, (32, 32, 3), stem="cifar")

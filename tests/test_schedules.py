@@ -14,7 +14,7 @@ def rates(schedule, steps):
 
 
 def test_step_schedule_is_the_papers():
-    schedule = schedules.make_schedule(0.1, 256, 1000, warmup_steps=10)
+    schedule = schedules.make_schedule(0.2, 1000, warmup_steps=10)
     assert isinstance(schedule, schedules.WarmupStepDecay)
     assert schedule.get_config() == {
         "peak": 0.2,
@@ -30,9 +30,9 @@ def test_step_schedule_is_the_papers():
 
 
 def test_onecycle_is_a_triangle():
-    # Peak 0.4 at batch 128, 100 steps, 15 of warm-up, ends at 1% of peak.
+    # Peak 0.4, 100 steps, 15 of warm-up, ends at 1% of peak.
     schedule = schedules.make_schedule(
-        0.4, 128, 100, warmup_steps=15, kind="onecycle", final_lr_fraction=0.01
+        0.4, 100, warmup_steps=15, kind="onecycle", final_lr_fraction=0.01
     )
     assert isinstance(schedule, schedules.OneCycle)
     # Down from step 15 (peak) to step 99 (final): 84 steps of the line.
@@ -51,7 +51,7 @@ def test_onecycle_is_a_triangle():
 
 def test_cosine_halfway_at_midpoint_and_final_fraction_at_end():
     schedule = schedules.make_schedule(
-        0.1, 128, 201, warmup_steps=0, kind="cosine", final_lr_fraction=0.1
+        0.1, 201, warmup_steps=0, kind="cosine", final_lr_fraction=0.1
     )
     assert isinstance(schedule, schedules.WarmupCosineDecay)
     final = 0.01
@@ -68,10 +68,8 @@ def test_cosine_halfway_at_midpoint_and_final_fraction_at_end():
 
 
 def test_cosine_with_warmup():
-    schedule = schedules.make_schedule(
-        0.2, 64, 110, warmup_steps=10, kind="cosine"
-    )
-    # Peak 0.2 * 64 / 128 = 0.1; decay over steps 10..109 (99 steps).
+    schedule = schedules.make_schedule(0.1, 110, warmup_steps=10, kind="cosine")
+    # Peak 0.1; decay over steps 10..109 (99 steps).
     np.testing.assert_allclose(
         rates(schedule, [0, 4, 9, 10, 109]),
         [0.01, 0.05, 0.1, 0.1, 0.0],
@@ -84,9 +82,7 @@ def test_cosine_with_warmup():
 
 def test_rate_never_rises_after_warmup():
     for kind in ("cosine", "onecycle"):
-        schedule = schedules.make_schedule(
-            0.1, 128, 300, warmup_steps=45, kind=kind
-        )
+        schedule = schedules.make_schedule(0.1, 300, warmup_steps=45, kind=kind)
         values = rates(schedule, range(45, 300))
         assert np.all(np.diff(values) <= 1e-9), kind
         assert values[0] == pytest.approx(0.1)
@@ -98,7 +94,7 @@ def test_rate_never_rises_after_warmup():
 )
 def test_serializes_like_a_keras_schedule(kind, cls):
     schedule = schedules.make_schedule(
-        0.1, 128, 100, warmup_steps=5, kind=kind, final_lr_fraction=0.05
+        0.1, 100, warmup_steps=5, kind=kind, final_lr_fraction=0.05
     )
     config = keras.optimizers.schedules.serialize(schedule)
     restored = keras.optimizers.schedules.deserialize(config)
@@ -114,10 +110,10 @@ def test_serializes_like_a_keras_schedule(kind, cls):
 
 def test_bad_arguments():
     with pytest.raises(ValueError, match="one of step, cosine, onecycle"):
-        schedules.make_schedule(0.1, 128, 100, kind="linear")
+        schedules.make_schedule(0.1, 100, kind="linear")
     with pytest.raises(ValueError, match="warmup_steps"):
-        schedules.make_schedule(0.1, 128, 100, warmup_steps=100, kind="cosine")
+        schedules.make_schedule(0.1, 100, warmup_steps=100, kind="cosine")
     with pytest.raises(ValueError, match="final_lr_fraction"):
         schedules.make_schedule(
-            0.1, 128, 100, kind="onecycle", final_lr_fraction=2.0
+            0.1, 100, kind="onecycle", final_lr_fraction=2.0
         )

@@ -208,7 +208,7 @@ def test_training_loop_on_tiny_imagenet_folder(tmp_path, monkeypatch):
         log_every_steps=1,
     )
     result = train_loop.train(
-        config, tf_strategy.default_distributor(config.optim.batch_size)
+        config, tf_strategy.default_distributor(config.optim)
     )
     assert result["step"] == 2
     assert result["examples"] == 6  # The whole validation split.

@@ -53,9 +53,7 @@ def trained(synthetic_cifar, tmp_path_factory):
         log_every_steps=10,
         eval_every_steps=40,
     )
-    result = train_loop.train(
-        cfg, tf_strategy.default_distributor(cfg.optim.batch_size)
-    )
+    result = train_loop.train(cfg, tf_strategy.default_distributor(cfg.optim))
     return cfg, result
 
 
@@ -131,9 +129,7 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
         eval_every_steps=6,
         eval_batch_count=1,
     )
-    train_loop.train(
-        straight, tf_strategy.default_distributor(straight.optim.batch_size)
-    )
+    train_loop.train(straight, tf_strategy.default_distributor(straight.optim))
     pieces = config(
         synthetic_cifar,
         tmp_path / "pieces",
@@ -142,12 +138,10 @@ def test_resumed_run_equals_uninterrupted_run(synthetic_cifar, tmp_path):
         eval_batch_count=1,
         steps_per_run=5,
     )
-    steps = [
-        train_loop.train(
-            pieces, tf_strategy.default_distributor(pieces.optim.batch_size)
-        )["step"]
-        for _ in range(3)
-    ]
+    steps = []
+    for _ in range(3):
+        mode = tf_strategy.default_distributor(pieces.optim)
+        steps.append(train_loop.train(pieces, mode)["step"])
     assert steps == [5, 10, 12]
     assert_resumed_like_uninterrupted(
         tmp_path / "pieces", tmp_path / "straight"
@@ -220,7 +214,7 @@ def micro_batch_training(accumulate_steps, xla=False, steps=3):
         learning_rate=0.8,
         weight_decay=0.01,
     )
-    mode = tf_strategy.default_distributor(cfg.optim.batch_size)
+    mode = tf_strategy.default_distributor(cfg.optim)
     model = keras.Sequential(
         [
             keras.Input((8, 8, 3)),

@@ -36,11 +36,14 @@ class RunPlan:
     class_names: list | None = None
 
 
-def plan_run(config, split):
-    """Derives step counts from the opened training split."""
+def plan_run(config, split, batch):
+    """Derives step counts from the opened training split.
+
+    `batch`: the run's `batch_plan.BatchPlan` (`Distributor.batch`).
+    """
     run = config.run
     num_train = split.num_examples
-    steps_per_epoch = max(1, num_train // config.optim.batch_size)
+    steps_per_epoch = batch.steps_per_epoch(num_train)
     if run.train_steps:
         total = run.train_steps
     elif run.train_epochs:
@@ -82,13 +85,15 @@ def build_model(config, distributor, info):
 
 
 def build_optimizer(config, distributor, model, total_steps, warmup_steps=0):
-    """SGD with the run's schedule and its slots, in the distributor's scope."""
+    """SGD with the run's schedule and its slots, in the distributor's scope.
+
+    The schedule peaks at the rate of the distributor's batch plan (the
+    config's `--learning_rate` scaled to the batch of one update).
+    """
     optim = config.optim
-    update_batch = distributor.replica_batch * distributor.replicas_per_update
     with distributor.scope():
         schedule = schedules.make_schedule(
-            optim.learning_rate,
-            update_batch,
+            distributor.batch.peak_learning_rate,
             total_steps,
             optim.lr_decay_fractions,
             optim.lr_decay_rate,

@@ -4,13 +4,12 @@ Under any launcher each process prints its own lines: the engine and why,
 its devices and why, the replicas of one step, the per-replica and global
 batch (and its micro-batches), the learning rate after scaling, the dtype
 policy and the gradient all-reduce's knobs when set. Nothing is read,
-built or written. The numbers follow the distributors' own definitions
-(`base.Distributor`: a step splits the global batch over every
-replica in sync; an update sums the gradients of `replicas_per_update`
-replicas), which `tests/test_dry_run.py` holds against real ones.
+built or written. The batch and the rate are the distributors' own batch
+plan (`batch_plan.plan`), made from the replicas this process would run;
+`tests/test_dry_run.py` holds those replicas against real distributors'.
 """
 
-from tf_resnet import detect, schedules, traffic
+from tf_resnet import batch_plan, detect, traffic
 from tf_resnet.config import engines
 from tf_resnet.engines import registry, startup
 
@@ -37,14 +36,10 @@ def report(config, started):
         the micro-batches) cannot split, as training would. (Start-up
         checked the settings against the engine.)
     """
-    dist, optim = config.distribution, config.optim
+    dist = config.distribution
     in_sync, per_update, processes = replicas(config, started)
     engine = started.engine
-    replica_batch = schedules.split_batch(
-        optim.batch_size, in_sync, engine.name
-    )
-    update_batch = replica_batch * per_update
-    rate = schedules.scaled_learning_rate(optim.learning_rate, update_batch)
+    batch = batch_plan.plan(config.optim, in_sync, per_update, engine.name)
     rank, size, source = detect.local_process(dist.task_index)
     role = detect.server_job(dist.job_name)
     reason = started.reason
@@ -67,11 +62,12 @@ def report(config, started):
                 if engine.asynchronous
                 else f"{in_sync} in sync over {processes} process(es)"
             ),
-            f"  batch: {replica_batch} per replica, {optim.batch_size} "
-            f"global, {update_batch} per update"
-            + schedules.micro_batches(replica_batch, optim.accumulate_steps),
-            f"  learning rate: {optim.learning_rate:g} at batch "
-            f"{schedules.REFERENCE_BATCH} -> {rate:g} at {update_batch}",
+            f"  batch: {batch.replica_batch} per replica, "
+            f"{batch.global_batch} global, {batch.update_batch} per update"
+            + batch.describe_micro_batches(),
+            f"  learning rate: {batch.base_learning_rate:g} at batch "
+            f"{batch_plan.REFERENCE_BATCH} -> {batch.peak_learning_rate:g} "
+            f"at {batch.update_batch}",
             f"  dtype policy: {started.dtype_policy} "
             f"(--dtype={config.runtime.dtype})",
             *_all_reduce_knobs(engine, dist, config.runtime, started),

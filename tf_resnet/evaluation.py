@@ -134,7 +134,7 @@ def build_eval_dataset(config, distributor, split=None):
         split = data.split_of(config, training=False)
     num_shards, shard_index = distributor.eval_shard()
     return split.dataset(
-        config.optim.eval_batch_size or config.optim.batch_size,
+        distributor.batch.eval_batch,
         data.input_options(
             config, num_shards=num_shards, shard_index=shard_index
         ),
@@ -275,19 +275,22 @@ def evaluate_only(config, distributor):
         config,
         distributor,
         TrainState(model, ema=make_ema(config, distributor, model)),
-        functools.partial(_epoch_of_step, config),
+        functools.partial(_epoch_of_step, config, distributor.batch),
         split,
     )
 
 
-def _epoch_of_step(config, step):
-    """The epoch of `step` by the training run's saved plan (or its data)."""
+def _epoch_of_step(config, batch, step):
+    """The epoch of `step` by the training run's saved plan (or its data).
+
+    `batch`: the `batch_plan.BatchPlan` the plan of its data is made with.
+    """
     plan = config_lib.read_plan(config.run.log_root)
     if plan is None:
         if not config.data.train_data_path:
             return float("nan")
         split = data.split_of(config, training=True)
-        plan = dataclasses.asdict(plan_run(config, split))
+        plan = dataclasses.asdict(plan_run(config, split, batch))
     return step / plan["steps_per_epoch"]
 
 

@@ -19,7 +19,7 @@ from absl import logging
 
 from tf_resnet import detect
 from tf_resnet.config import engines, presets, schema
-from tf_resnet.config.settings import DistributionConfig
+from tf_resnet.config.settings import DistributionConfig, OptimConfig
 from tf_resnet.distribute import buckets
 from tf_resnet.engines import devices, registry, startup
 from tf_resnet.engines.distributors import make_distributor
@@ -263,7 +263,9 @@ def distributor_for(distribution, global_batch, config=None, devices=None):
       distribution: a `--distribution` value (`engines.distributions()`);
         `auto` becomes the engine it falls back to for these devices
         (`startup.running`).
-      global_batch: examples of one step over all replicas of all workers.
+      global_batch: examples of one step over all replicas of all workers
+        (the other settings of the batch plan at their defaults: no
+        micro-batches, the default learning rate).
       config: the `settings.DistributionConfig` (None: defaults); checked
         against its schema and the engine's own constraints first.
       devices: the devices' names (None: the default device).
@@ -275,4 +277,5 @@ def distributor_for(distribution, global_batch, config=None, devices=None):
     engine = startup.running(distribution, len(devices or ()) or 1)
     schema.check(config)
     engines.check_settings(engine, config)
-    return make_distributor(engine, global_batch, config, devices)
+    optim = OptimConfig(batch_size=global_batch)
+    return make_distributor(engine, optim, config, devices)

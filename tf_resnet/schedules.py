@@ -2,9 +2,8 @@
 
 The paper's CIFAR schedule is 0.1, divided by 10 at 32k and 48k of 64k steps
 at batch 128. Expressing the boundaries as fractions of the run (0.5, 0.75)
-keeps that shape for any run length, and the base rate scales linearly with
-the batch of one update (Goyal et al., 2017), so `--batch_size=1024` on 8
-replicas trains like the paper's 128 on one.
+keeps that shape for any run length; the peak is the base rate scaled to
+the batch of one update (`batch_plan.BatchPlan.peak_learning_rate`).
 
 Short runs learn more from a rate that falls continuously to (nearly) zero
 by the last step than from the paper's steps, which were tuned for 64k
@@ -19,59 +18,7 @@ import math
 import keras
 from keras import ops
 
-from tf_resnet.errors import UserInputError
-
 KINDS = ("step", "cosine", "onecycle")
-
-REFERENCE_BATCH = 128
-
-
-def split_batch(global_batch, replicas, distribution):
-    """Examples per replica of one step: the global batch split evenly.
-
-    The one definition the distributors (`base.Distributor`) and `--dry_run`
-    share.
-
-    Raises:
-      UserInputError: the batch does not split into equal parts.
-    """
-    if global_batch % replicas:
-        raise UserInputError(
-            f"--batch_size={global_batch} is not divisible by the "
-            f"{replicas} replicas of --distribution={distribution}"
-        )
-    return global_batch // replicas
-
-
-def micro_batch(replica_batch, accumulate_steps):
-    """Examples of one micro-batch: a replica's batch split evenly.
-
-    Raises:
-      UserInputError: the replica's batch does not split into
-        `accumulate_steps` equal parts.
-    """
-    if replica_batch % accumulate_steps:
-        raise UserInputError(
-            f"--accumulate_steps={accumulate_steps} does not split the "
-            f"{replica_batch} examples of each replica's batch (--batch_size "
-            "over the replicas) into equal micro-batches"
-        )
-    return replica_batch // accumulate_steps
-
-
-def micro_batches(replica_batch, accumulate_steps):
-    """What the start line and `--dry_run` add for `--accumulate_steps`."""
-    if accumulate_steps == 1:
-        return ""
-    micro = micro_batch(replica_batch, accumulate_steps)
-    return (
-        f", each replica's batch in {accumulate_steps} micro-batches of {micro}"
-    )
-
-
-def scaled_learning_rate(base_learning_rate, update_batch):
-    """Linear scaling rule: `base * update_batch / 128`."""
-    return base_learning_rate * update_batch / REFERENCE_BATCH
 
 
 @keras.saving.register_keras_serializable("tf_resnet")
@@ -208,8 +155,7 @@ class OneCycle(_WarmupAnneal):
 
 
 def make_schedule(
-    base_learning_rate,
-    update_batch,
+    peak,
     total_steps,
     decay_fractions=(0.5, 0.75),
     decay_rate=0.1,
@@ -220,9 +166,8 @@ def make_schedule(
     """The schedule of a run of `total_steps` optimizer updates.
 
     Args:
-      base_learning_rate: peak rate at batch 128 (scaled to `update_batch`
-        by `scaled_learning_rate`).
-      update_batch: examples of one optimizer update (all replicas).
+      peak: the rate after warm-up, before any decay (the batch plan's
+        `peak_learning_rate`).
       total_steps: optimizer updates of the run.
       decay_fractions: `kind="step"`: fractions of the run where it decays.
       decay_rate: `kind="step"`: factor of each decay.
@@ -235,7 +180,6 @@ def make_schedule(
     Returns:
       A Keras `LearningRateSchedule`.
     """
-    peak = scaled_learning_rate(base_learning_rate, update_batch)
     if kind == "step":
         return WarmupStepDecay(
             peak,

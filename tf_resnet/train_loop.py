@@ -11,10 +11,10 @@ ranks, weight averaging between local steps, asynchronous dispatch to
 parameter servers. The loop only talks to the `Distributor` interface.
 
 Losses are summed over a replica's examples and divided by the examples of
-one optimizer update (`replica_batch * distributor.replicas_per_update`);
-the distributor sums gradients over the replicas of an update. Weight
-decay is the paper's L2 penalty `wd/2 * ||w||^2` on conv and dense
-kernels, divided the same way.
+one optimizer update (the distributor's batch plan, `update_batch`); the
+distributor sums gradients over the replicas of an update. Weight decay is
+the paper's L2 penalty `wd/2 * ||w||^2` on conv and dense kernels, divided
+the same way.
 """
 
 import contextlib
@@ -35,7 +35,6 @@ from tf_resnet import (
     log_root_lock,
     param_groups,
     peer_watch,
-    schedules,
     summaries,
 )
 from tf_resnet.builders import (
@@ -81,7 +80,8 @@ def make_replica_fn(model, optimizer, distributor, config, ema=None):
     Labels are class indices, or `[B, classes]` targets of a mixed batch
     (mixup/CutMix); with `ema`, the moving average follows each update.
 
-    With `--accumulate_steps=K` above 1 the batch is split into K
+    With `--accumulate_steps=K` above 1 (in the distributor's batch plan,
+    as the update's batch is) the batch is split into K
     micro-batches, run one after another (one at a time: the memory of one
     micro-batch), whose gradients and metrics are summed before the one
     all-reduce and update: the first K-1 in a `tf.while_loop`, the last
@@ -98,16 +98,13 @@ def make_replica_fn(model, optimizer, distributor, config, ema=None):
       UserInputError: the replica's batch does not split into
         `--accumulate_steps` micro-batches.
     """
-    update_examples = float(
-        distributor.replica_batch * distributor.replicas_per_update
-    )
+    batch = distributor.batch
+    update_examples = float(batch.update_batch)
     label_smoothing = config.optim.label_smoothing
-    decay_scale = (
-        config.optim.weight_decay / 2.0 / distributor.replicas_per_update
-    )
+    decay_scale = config.optim.weight_decay / 2.0 / batch.replicas_per_update
     decayed = {id(k) for k in decayed_variables(model)}
-    steps = config.optim.accumulate_steps
-    micro = schedules.micro_batch(distributor.replica_batch, steps)
+    steps = batch.accumulate_steps
+    micro = batch.micro_batch
 
     def loss_gradients(images, labels):
         with tf.GradientTape() as tape:
@@ -351,9 +348,9 @@ class _Progress:
         first_step, first_time = self.interval_start
         now = time.time()
         self.interval_start = (step, now)
-        global_batch = self.distributor.global_batch
-        images_per_sec = (
-            (step - first_step) * global_batch / max(now - first_time, 1e-9)
+        batch = self.distributor.batch
+        images_per_sec = batch.examples(step - first_step) / max(
+            now - first_time, 1e-9
         )
         examples = max(totals["examples"], 1.0)
         result = {
@@ -362,7 +359,7 @@ class _Progress:
             "learning_rate": self.rate_fn(),
             "images_per_sec": images_per_sec,
         }
-        remaining = (self.plan.total_steps - step) * global_batch
+        remaining = batch.examples(self.plan.total_steps - step)
         # One line per step of the job: the other processes' would repeat
         # the chief's (or, between averages, differ by their shard only).
         if self.distributor.is_chief:
@@ -449,16 +446,14 @@ def train(config, distributor):
     """
     # Refused before anything is read or written (`make_replica_fn` is
     # made at the first step).
-    schedules.micro_batch(
-        distributor.replica_batch, config.optim.accumulate_steps
-    )
+    distributor.batch.micro_batch  # noqa: B018 (raises if it cannot split)
     split = data.split_of(config, training=True)
     # Both splits are read before anything is written in log_root: a run
     # that fails on its data leaves no config.json for the next to take.
     eval_split = data.split_of(config, training=False)
     # The weights file too (not read yet): a missing one is a failed start.
     pretrained.check_source(config.model.pretrained)
-    plan = plan_run(config, split)
+    plan = plan_run(config, split, distributor.batch)
     log_root = config.run.log_root
     new_folder = not os.path.exists(log_root)
     watch = peer_watch.PeerWatch(
@@ -559,12 +554,10 @@ def _train(config, distributor, plan, split, eval_split, watch):
             plan.num_train_examples,
             plan.steps_per_epoch,
             plan.total_steps,
-            distributor.global_batch,
-            distributor.num_replicas,
+            distributor.batch.global_batch,
+            distributor.batch.replicas,
             distributor.name,
-            schedules.micro_batches(
-                distributor.replica_batch, config.optim.accumulate_steps
-            ),
+            distributor.batch.describe_micro_batches(),
         )
         all_reduce = distributor.describe_all_reduce(
             state.model.trainable_variables, config.runtime.xla

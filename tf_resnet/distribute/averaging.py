@@ -15,7 +15,7 @@ step counter is identical everywhere and is left alone.
 
 Each process's step is an ordinary update on its own
 `global_batch / processes` examples, so the learning rate is scaled by
-that per-process batch (`replicas_per_update = 1`): with N=1 the run equals
+that per-process batch (`local_updates`): with N=1 the run equals
 synchronous SGD at `1/processes` of its learning rate. Pass
 `--learning_rate` times the number of processes to get the global-batch
 rate that local-SGD papers use.
@@ -56,11 +56,11 @@ class LocalSteps:
     """
 
     name = "averaging"
+    local_updates = True
 
-    def __init__(self, global_batch, average_every):
-        super().__init__(global_batch)
+    def __init__(self, optim, average_every):
+        super().__init__(optim)
         self.average_every = average_every
-        self.replicas_per_update = 1
 
     def all_reduce_gradients(self, grads):
         """Unchanged: every process updates on its own gradients."""

@@ -21,7 +21,7 @@ import dataclasses
 
 import tensorflow as tf
 
-from tf_resnet import schedules
+from tf_resnet import batch_plan
 
 # `stop_check_every_steps` of distributors whose processes must agree on a stop:
 # one all-reduce of a flag is a few ms, a noticeable part of a small step
@@ -109,12 +109,12 @@ class Distributor:
       name: the `--distribution` value.
       num_replicas: replicas the global batch is split over (all devices of
         all processes).
-      replicas_per_update: replicas whose gradients are summed into one
-        optimizer update (`num_replicas` for synchronous SGD, 1 for engines
-        where replicas update on their own, like async parameter servers or
-        local steps between weight averages). Losses are normalised by
-        `replica_batch * replicas_per_update`, so the combined gradient is
-        always the mean over the examples of one update.
+      local_updates: each replica updates on its own gradients (local
+        steps between weight averages), so one update is one replica's
+        batch; otherwise the gradients of all `num_replicas` make it.
+      batch: the `batch_plan.BatchPlan` of the run on these replicas: the
+        replica's, the update's and the global batch, the micro-batches,
+        the peak learning rate.
       is_chief: this process writes checkpoints, summaries and plots.
       stop_check_every_steps: how often the loop asks
         `any_process_stopping`, by step number, so every process asks at
@@ -124,15 +124,23 @@ class Distributor:
 
     name = "default"
     num_replicas = 1
-    replicas_per_update = 1
+    local_updates = False
     is_chief = True
     stop_check_every_steps = 1
 
-    def __init__(self, global_batch):
-        """Splits the global batch; subclasses set `num_replicas` first."""
-        self.global_batch = global_batch
-        self._replica_batch = schedules.split_batch(
-            global_batch, self.num_replicas, self.name
+    def __init__(self, optim):
+        """Plans the batch of `optim` (the `settings.OptimConfig`).
+
+        Subclasses set `num_replicas` first.
+
+        Raises:
+          UserInputError: the global batch does not split over the replicas.
+        """
+        self.batch = batch_plan.plan(
+            optim,
+            self.num_replicas,
+            1 if self.local_updates else self.num_replicas,
+            self.name,
         )
 
     def scope(self):
@@ -146,15 +154,11 @@ class Distributor:
           dataset_fn: `fn(num_shards, shard_index, replica_batch)` returning
             the `tf.data.Dataset` of one input pipeline.
         """
-        return iter(dataset_fn(1, 0, self._replica_batch))
+        return iter(dataset_fn(1, 0, self.batch.replica_batch))
 
     def eval_shard(self):
         """`(num_shards, shard_index)` of this process's evaluation data."""
         return 1, 0
-
-    @property
-    def replica_batch(self):
-        return self._replica_batch
 
     def prepare_optimizer(self, optimizer):
         """Adapts a freshly built optimizer to the distributor, in its scope."""

@@ -92,13 +92,12 @@ class HorovodDistributor(base.Distributor):
     name = "horovod"
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(
-        self, global_batch, compression="none", pack_bytes=0, overlap=True
-    ):
+    def __init__(self, optim, compression="none", pack_bytes=0, overlap=True):
         """Starts Horovod.
 
         Args:
-          global_batch: examples of one step over all ranks.
+          optim: the `settings.OptimConfig`: its batch is split over the
+            ranks (`base.Distributor.batch`).
           compression: `--gradient_compression`, the name of the
             `hvd.Compression` the gradients are all-reduced with.
           pack_bytes: `--all_reduce_pack_bytes`: the bucket size and
@@ -113,13 +112,14 @@ class HorovodDistributor(base.Distributor):
         self.bucket_bytes = traffic.bucket_bytes(pack_bytes) if overlap else 0
         self.compression = getattr(hvd.Compression, compression)
         self.num_replicas = hvd.size()
-        self.replicas_per_update = hvd.size()
         self.is_chief = hvd.rank() == 0
-        super().__init__(global_batch)
+        super().__init__(optim)
 
     def distribute_dataset(self, dataset_fn):
         """Each rank reads its own shard: no example is seen twice a step."""
-        return iter(dataset_fn(hvd.size(), hvd.rank(), self.replica_batch))
+        return iter(
+            dataset_fn(hvd.size(), hvd.rank(), self.batch.replica_batch)
+        )
 
     def eval_shard(self):
         """Every rank evaluates its shard; `all_reduce_sum` adds the counts."""
@@ -224,18 +224,18 @@ class HorovodAveragingDistributor(averaging.LocalSteps, HorovodDistributor):
         average_in_place(variables)
 
 
-def make_distributor(global_batch, dist, devices):
+def make_distributor(optim, dist, devices):
     """`--distribution=horovod`; start-up gave the rank its device."""
     del devices
     return HorovodDistributor(
-        global_batch,
+        optim,
         dist.gradient_compression,
         dist.all_reduce_pack_bytes,
         dist.overlap_all_reduce,
     )
 
 
-def make_averaging_distributor(global_batch, dist, devices):
+def make_averaging_distributor(optim, dist, devices):
     """`--distribution=averaging` on Horovod ranks."""
     del devices
-    return HorovodAveragingDistributor(global_batch, dist.average_every)
+    return HorovodAveragingDistributor(optim, dist.average_every)

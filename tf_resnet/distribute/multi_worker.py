@@ -240,14 +240,13 @@ class MultiWorkerDistributor(tf_strategy.StrategyDistributor):
 
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(
-        self, strategy, global_batch, compression="none", bucket_bytes=0
-    ):
+    def __init__(self, strategy, optim, compression="none", bucket_bytes=0):
         """A worker of the cluster of `strategy`.
 
         Args:
           strategy: its `MultiWorkerMirroredStrategy` (`make_strategy`).
-          global_batch: examples of one step over all replicas.
+          optim: the `settings.OptimConfig`: its batch is split over all
+            replicas (`base.Distributor.batch`).
           compression: `--gradient_compression`.
           bucket_bytes: the strategy's `bytes_per_pack`, for the start
             line (0: one pack).
@@ -257,7 +256,7 @@ class MultiWorkerDistributor(tf_strategy.StrategyDistributor):
         self.worker_index = self.collectives.worker_index
         self.is_chief = self.worker_index == 0
         self.bucket_bytes = bucket_bytes
-        super().__init__(strategy, "multi_worker", global_batch, compression)
+        super().__init__(strategy, "multi_worker", optim, compression)
 
     def describe_all_reduce(self, variables, xla=False):
         """The gradient all-reduce, for the start line."""
@@ -281,7 +280,7 @@ class MultiWorkerDistributor(tf_strategy.StrategyDistributor):
             return dataset_fn(
                 context.num_input_pipelines,
                 context.input_pipeline_id,
-                self.replica_batch,
+                self.batch.replica_batch,
             )
 
         return iter(self.strategy.distribute_datasets_from_function(input_fn))
@@ -362,17 +361,19 @@ class MultiWorkerAveragingDistributor(averaging.LocalSteps, base.Distributor):
 
     stop_check_every_steps = base.PEERS_STOP_CHECK_EVERY_STEPS
 
-    def __init__(self, strategy, global_batch, average_every):
+    def __init__(self, strategy, optim, average_every):
         self.collectives = Collectives(strategy)
         self.num_replicas = self.collectives.num_workers
         self.worker_index = self.collectives.worker_index
         self.is_chief = self.worker_index == 0
-        super().__init__(global_batch, average_every)
+        super().__init__(optim, average_every)
 
     def distribute_dataset(self, dataset_fn):
         """Each worker reads its own shard, as a Horovod rank does."""
         return iter(
-            dataset_fn(self.num_replicas, self.worker_index, self.replica_batch)
+            dataset_fn(
+                self.num_replicas, self.worker_index, self.batch.replica_batch
+            )
         )
 
     def eval_shard(self):
@@ -419,7 +420,7 @@ def _worker_index(resolver):
     return offset + (resolver.task_id or 0)
 
 
-def make_distributor(global_batch, config, devices):
+def make_distributor(optim, config, devices):
     """The distributor of `settings.DistributionConfig`; the first TF work."""
     del devices  # The strategy takes this worker's GPUs, or its CPU.
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
@@ -430,11 +431,11 @@ def make_distributor(global_batch, config, devices):
     )
     strategy = make_strategy(resolver, config.peer_timeout_secs, packs)
     return MultiWorkerDistributor(
-        strategy, global_batch, config.gradient_compression, packs
+        strategy, optim, config.gradient_compression, packs
     )
 
 
-def make_averaging_distributor(global_batch, config, devices):
+def make_averaging_distributor(optim, config, devices):
     """`--distribution=averaging` in this cluster; first TF work of the run.
 
     One device per worker: the local rank's GPU (`devices.plan`).
@@ -443,5 +444,5 @@ def make_averaging_distributor(global_batch, config, devices):
     resolver = cluster_resolver(config.worker_hosts, config.task_index)
     strategy = make_strategy(resolver, config.peer_timeout_secs)
     return MultiWorkerAveragingDistributor(
-        strategy, global_batch, config.average_every
+        strategy, optim, config.average_every
     )

@@ -165,12 +165,10 @@ def serve(dist):
     return True
 
 
-def make_distributor(global_batch, dist, devices):
+def make_distributor(optim, dist, devices):
     """The coordinator's mode; the cluster decides the devices."""
     del devices
-    return ParameterServerDistributor(
-        cluster_resolver(**dist.cluster), global_batch
-    )
+    return ParameterServerDistributor(cluster_resolver(**dist.cluster), optim)
 
 
 class ParameterServerDistributor(base.Distributor):
@@ -185,7 +183,7 @@ class ParameterServerDistributor(base.Distributor):
     name = "parameter_server"
     is_chief = True
 
-    def __init__(self, resolver, global_batch):
+    def __init__(self, resolver, optim):
         self.strategy = tf.distribute.ParameterServerStrategy(resolver)
         self.coordinator = tf.distribute.coordinator.ClusterCoordinator(
             self.strategy
@@ -194,9 +192,8 @@ class ParameterServerDistributor(base.Distributor):
         self._cluster = resolver.cluster_spec().as_dict()
         # Replicas of ONE worker (its GPUs) are synchronous; workers are not.
         self.num_replicas = self.strategy.num_replicas_in_sync
-        self.replicas_per_update = self.strategy.num_replicas_in_sync
         self._worker_steps = None
-        super().__init__(global_batch)
+        super().__init__(optim)
 
     def scope(self):
         return self.strategy.scope()
@@ -211,9 +208,7 @@ class ParameterServerDistributor(base.Distributor):
         num_workers = self.num_workers
 
         def input_fn(context):
-            batch = context.get_per_replica_batch_size(
-                self.replica_batch * self.num_replicas
-            )
+            batch = context.get_per_replica_batch_size(self.batch.global_batch)
             shards = [
                 functools.partial(dataset_fn, num_workers, index, batch)
                 for index in range(num_workers)

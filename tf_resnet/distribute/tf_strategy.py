@@ -63,13 +63,12 @@ class StrategyDistributor(base.Distributor):
       compression: `--gradient_compression` of the optimizer's all-reduce.
     """
 
-    def __init__(self, strategy, name, global_batch, compression="none"):
+    def __init__(self, strategy, name, optim, compression="none"):
         self.strategy = strategy
         self.name = name
         self.num_replicas = strategy.num_replicas_in_sync
-        self.replicas_per_update = strategy.num_replicas_in_sync
         self.compression = compression
-        super().__init__(global_batch)
+        super().__init__(optim)
 
     def scope(self):
         return self.strategy.scope()
@@ -86,8 +85,7 @@ class StrategyDistributor(base.Distributor):
         single device would see with the same global batch, so training is
         the same function of `(seed, step)` whatever the replica count.
         """
-        global_batch = self.replica_batch * self.num_replicas
-        dataset = dataset_fn(1, 0, global_batch)
+        dataset = dataset_fn(1, 0, self.batch.global_batch)
         return iter(self.strategy.experimental_distribute_dataset(dataset))
 
     def run(self, replica_fn, args):
@@ -99,35 +97,34 @@ class StrategyDistributor(base.Distributor):
         )
 
 
-def default_distributor(global_batch):
-    """One device: the default strategy (a no-op wrapper)."""
-    return StrategyDistributor(
-        tf.distribute.get_strategy(), "default", global_batch
-    )
+def default_distributor(optim):
+    """One device: the default strategy (a no-op wrapper).
+
+    `optim`: the `settings.OptimConfig` whose batch it plans.
+    """
+    return StrategyDistributor(tf.distribute.get_strategy(), "default", optim)
 
 
-def mirrored_distributor(global_batch, devices=None, compression="none"):
+def mirrored_distributor(optim, devices=None, compression="none"):
     """Synchronous all-reduce over the devices of this machine."""
     return StrategyDistributor(
         tf.distribute.MirroredStrategy(devices),
         "mirrored",
-        global_batch,
+        optim,
         compression,
     )
 
 
-def make_default_distributor(global_batch, dist, devices):
+def make_default_distributor(optim, dist, devices):
     """`--distribution=default`: the one device start-up chose, if any."""
     del dist  # Start-up has placed the devices.
     if devices:
         return StrategyDistributor(
-            tf.distribute.OneDeviceStrategy(devices[0]), "default", global_batch
+            tf.distribute.OneDeviceStrategy(devices[0]), "default", optim
         )
-    return default_distributor(global_batch)
+    return default_distributor(optim)
 
 
-def make_mirrored_distributor(global_batch, dist, devices):
+def make_mirrored_distributor(optim, dist, devices):
     """`--distribution=mirrored` over the devices start-up chose."""
-    return mirrored_distributor(
-        global_batch, devices, dist.gradient_compression
-    )
+    return mirrored_distributor(optim, devices, dist.gradient_compression)

@@ -27,13 +27,14 @@ def _call(engine, function, *args):
         ) from None
 
 
-def make_distributor(engine, global_batch, config, devices=None):
+def make_distributor(engine, optim, config, devices=None):
     """Creates the distributor of `engine`, as start-up resolved it.
 
     Args:
       engine: the `registry.Engine` of `runtime.start` (`Started.engine`),
         whose settings it has checked.
-      global_batch: examples of one step over all replicas of all workers.
+      optim: the `settings.OptimConfig`, whose batch the distributor plans
+        over its replicas (`base.Distributor.batch`).
       config: the `settings.DistributionConfig`.
       devices: the device plan's names (`Started.devices`; None: the
         default device).
@@ -46,7 +47,7 @@ def make_distributor(engine, global_batch, config, devices=None):
     if engine.rides_on:
         carrier, _ = engine.rides_on(config)
         make = carrier.averaging
-    return _call(engine, make, global_batch, config, devices)
+    return _call(engine, make, optim, config, devices)
 
 
 def serve(engine, config):

@@ -135,7 +135,7 @@ class Engine:
     Attributes:
       name: the `--distribution` value.
       summary: what it does, for docs and messages.
-      make: `(global_batch, dist, devices) -> base.Distributor` (a `Call`).
+      make: `(optim, dist, devices) -> base.Distributor` (a `Call`).
       recognise: `(dist or None) -> reason or None`: whether `auto` picks
         it for this process (horovodrun's ranks, `TF_CONFIG`, a Slurm job
         step: `detect`).
@@ -155,7 +155,7 @@ class Engine:
       without_needs: what to run instead where `needs` is missing.
       serve: `(dist) -> bool`: serves until killed and returns True when
         this process is only a server task.
-      averaging: `(global_batch, dist, devices)`: the `averaging` distributor
+      averaging: `(optim, dist, devices)`: the `averaging` distributor
         over this engine's all-reduce, for the engines that carry it.
       rides_on: `(dist) -> (Engine, why)`: the engine whose all-reduce
         carries this one's, chosen by how the process was started; its
