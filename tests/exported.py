@@ -82,7 +82,7 @@ class TrainingModel:
         info = types.SimpleNamespace(**self.plan)
         dtype = self._checkpoint_dtype(log_root, checkpoint)
         with _dtype_policy(dtype):
-            mode = Distributor(1)
+            mode = Distributor(self.config.optim)
             self.model = builders.build_model(self.config, mode, info)
             ema = builders.make_ema(self.config, mode, self.model)
         state = TrainState(self.model, ema=ema)

@@ -355,7 +355,7 @@ def test_lr_multipliers_scale_backbone_and_head_updates(backbone, head):
     rng = np.random.default_rng(0)
     images = rng.normal(size=(4, 8, 8, 3)).astype(np.float32)
     labels = np.array([0, 1, 2, 1], np.int32)
-    mode = base.Distributor(4)
+    mode = base.Distributor(settings.OptimConfig(batch_size=4))
 
     def update(**multipliers):
         for variable, value in zip(

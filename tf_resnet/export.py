@@ -213,11 +213,11 @@ def _build(config, info):
         pretrained = ""
     model_config = dataclasses.replace(config.model, pretrained=pretrained)
     config = dataclasses.replace(config, model=model_config)
-    return build_model(config, Distributor(1), info)
+    return build_model(config, Distributor(config.optim), info)
 
 
 def _restore(config, info, path):
-    distributor = Distributor(1)
+    distributor = Distributor(config.optim)
     model = _build(config, info)
     ema = make_ema(config, distributor, model)
     state = TrainState(model, ema=ema)
