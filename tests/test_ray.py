@@ -395,7 +395,11 @@ def check_no_restart_left_ends_the_run_with_advice(code, output):
 
 def check_a_failed_resnet_main_is_not_restarted(code, output):
     assert code == 2, output[-5000:]
-    assert "worker 1: resnet_main exited with code 2" in output
+    # Both workers read the missing files; which failure Ray reports first
+    # is a race.
+    assert re.search(r"worker \d: resnet_main exited with code 2", output), (
+        output[-5000:]
+    )
     assert "a restart would fail the same way" in output
     assert "(restart 1 of" not in output
 
