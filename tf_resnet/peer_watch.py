@@ -36,6 +36,8 @@ import re
 # silent): the Slurm jobs of scripts/ requeue on it
 # (tf_resnet/jobs/status.py).
 LOST_PEER = 4
+# How that line begins: launchers that pass ranks' lines on find it by it.
+LOST_PEER_LINE_START = "resnet_main: error: lost a task of the training cluster"
 
 
 def newest_checkpoint(log_root):
@@ -78,7 +80,7 @@ def _line(step, peers, checkpoint, what):
         else "no checkpoint was written yet: the same command starts over"
     )
     return (
-        f"resnet_main: error: lost a task of the training cluster{at} "
+        f"{LOST_PEER_LINE_START}{at} "
         f"({what}; waiting on {peers}); {resume} (exit code 4: a Slurm job "
         "of scripts/ requeues itself)"
     )

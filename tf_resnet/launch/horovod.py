@@ -142,7 +142,6 @@ def main(argv=None):
 _RANK_LINE = re.compile(r"\[(\d+)\]<stderr>:(resnet_main: .*)")
 # horovodrun's traceback names the first rank that failed.
 _FIRST_FAILED = re.compile(r"^Process name: (\d+)\nExit code: (\d+)$", re.M)
-_LOST = "resnet_main: error: lost a task of the training cluster"
 
 
 def run_horovodrun(command, log_root):
@@ -203,7 +202,11 @@ def last_words(said, horovodrun_said, code, log_root):
       a signal without a word: the lost-peer line for the peers it left,
       and 4.
     """
-    lost = sorted(rank for rank, line in said.items() if line.startswith(_LOST))
+    lost = sorted(
+        rank
+        for rank, line in said.items()
+        if line.startswith(peer_watch.LOST_PEER_LINE_START)
+    )
     if lost:
         return said[lost[0]], peer_watch.LOST_PEER
     failed = _FIRST_FAILED.search(horovodrun_said)
