@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from tf_resnet.jobs.shell import JobError, job_id, value
+from tf_resnet.jobs.shell import JobError, job_id, proc_stat, value
 
 APRUN_UNDER_SLURM = (
     "LAUNCHER=aprun is Cray ALPS under PBS; under Slurm use srun"
@@ -257,8 +257,7 @@ def parameter_servers(addresses_, num_ps):
 def running(pid):
     """Whether process `pid` runs (a zombie has ended)."""
     try:
-        with open(f"/proc/{pid}/stat") as stream:
-            return stream.read().rpartition(")")[2].split()[0] != "Z"
+        return proc_stat(pid)[0] != "Z"
     except OSError:
         return False
 

@@ -1,7 +1,8 @@
 """What the batch shell gives a job's decisions and gets back from them.
 
-Its variables (`value`, `job_id`), its log (`log`), and the error of a
-check (`JobError`), which the job logs and ends with exit 2.
+Its variables (`value`, `job_id`), its log (`log`), the error of a
+check (`JobError`), which the job logs and ends with exit 2, and the
+state of the processes it started (`proc_stat`).
 """
 
 import sys
@@ -35,3 +36,16 @@ def job_id(env):
     if env["SCHEDULER"] == "slurm":
         return env["SLURM_JOB_ID"]
     return env["PBS_JOBID"].split(".", 1)[0]
+
+
+def proc_stat(pid):
+    """The fields of `/proc/<pid>/stat` after the command's name.
+
+    State first, then the parent's pid. The name, in parentheses, may hold
+    spaces and parentheses itself, so the fields start after the last ")".
+
+    Raises:
+      OSError: no such process (or none this user may see).
+    """
+    with open(f"/proc/{pid}/stat") as stream:
+        return stream.read().rpartition(")")[2].split()

@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 
-from tf_resnet.jobs.shell import job_id, value
+from tf_resnet.jobs.shell import job_id, proc_stat, value
 from tf_resnet.peer_watch import LOST_PEER
 
 # What resnet_main.py's exit codes mean (its docstring).
@@ -152,8 +152,7 @@ def _children():
     children = {}
     for name in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{name}/stat") as stream:
-                parent = int(stream.read().rpartition(")")[2].split()[1])
+            parent = int(proc_stat(name)[1])
         except (OSError, ValueError, IndexError):
             continue
         children.setdefault(parent, []).append(int(name))
