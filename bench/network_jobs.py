@@ -412,7 +412,10 @@ class ModelJobs:
 def calibrate(jobs, network):
     """The slow-down, the shaped link, iperf3 and the all-reduce sweeps.
 
-    All before any row's job: what the rows' predictions may use.
+    With each transport's sweep on 2 nodes, a step's all-reduces alone
+    (the gradients as the engine sends them, then the metrics), the
+    fastest of three. All before any row's job: what the rows'
+    predictions may use.
     """
     cluster, model, log = jobs.cluster, jobs.model, jobs.log
     # The 1-node Horovod step sets the slow-down (no network in it).
@@ -443,6 +446,7 @@ def calibrate(jobs, network):
         "state_bytes": reference["state_bytes"],
         "sweeps": {},
         "sweep_cpu_s": {},
+        "step_all_reduces_s": {},
         "rows": [],
         "prediction_sha256": [],
     }
@@ -454,12 +458,17 @@ def calibrate(jobs, network):
                 {"distribution": engine, **knobs},
                 processes,
                 {"sweep": sizes, "sweep_repeats": jobs.args.sweep_repeats,
+                 "step_all_reduces": processes == 2,
                  "steps": 1, "blocks": 1, "warmup_steps": 1},
             )  # fmt: skip
             result["sweeps"][f"{transport} {processes}"] = run["sweep"]
             result["sweep_cpu_s"][f"{transport} {processes}"] = run[
                 "sweep_cpu_s"
             ]
+            if processes == 2:  # One node each, as the rows' 2-node jobs.
+                result["step_all_reduces_s"][transport] = min(
+                    run["communication_s"]
+                )
     return result
 
 

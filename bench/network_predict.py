@@ -1,10 +1,10 @@
 """network_scaling's predictions of each 2-node step, before its jobs.
 
-From what is known before a round's 2-node jobs (the calibration's link
-and all-reduce sweeps, the round's 1-node jobs, the model's layer
-table), `tf_resnet.scaling.predict_two_nodes` predicts every row's
-2-node step; `PredictionsFile` writes each round's predictions, hashed,
-before the jobs they are scored against start.
+From what is known before a round's 2-node jobs (the calibration's link,
+all-reduce sweeps and a step's all-reduces timed alone, the round's
+1-node jobs, the model's layer table), `predict_row` predicts every
+row's 2-node step; `PredictionsFile` writes each round's predictions,
+hashed, before the jobs they are scored against start.
 """
 
 import dataclasses
@@ -116,11 +116,93 @@ def threads_of(result, row):
     )
 
 
+# The share of its speed alone an all-reduce keeps while the backward pass
+# runs on the node's one core: the two take turns on it, and the Gloo and
+# TCP work of the all-reduce waits for its turn. Fitted once, on the first
+# predict-then-measure run's `horovod` rows at 10 GbE (bench/results/
+# network_scaling.md says which, and the runs it was scored on since);
+# not refitted on a run it predicts.
+BUSY_CORE_SHARE = 2 / 3
+
+# What a synchronous row may send for its step's all-reduces, as the
+# calibration's sweep job sent them, to be predicted from them.
+_AS_CALIBRATED = {
+    "distribution", "overlap_all_reduce", "gradient_compression",
+    "average_every",
+}  # fmt: skip
+
+
+def basis_of(row):
+    """How a row is predicted: "step", "ring fit" or "unshaped jobs".
+
+    "step": from the step's all-reduces timed alone in the calibration,
+    which a row sends when its flags change nothing of what they send
+    but the overlap, the compression swept beside them, or the period.
+    Other rows (packs, buckets, accumulation, scripts) from the ring
+    fitted on the sweeps (`scaling.predict_two_nodes`), as the GPU
+    projection is. parameter_server from its jobs on unshaped links.
+    """
+    if asynchronous(row):
+        return "unshaped jobs"
+    if row.get("script") or not set(row["flags"]) <= _AS_CALIBRATED:
+        return "ring fit"
+    return "step"
+
+
+def smallest_all_reduce(result, transport):
+    """Seconds of the sweep's smallest all-reduce: a step's metrics."""
+    sweep = result["sweeps"][f"{transport} 2"]
+    return sweep[min(sweep, key=int)]
+
+
+def state_all_reduce(result, transport):
+    """Seconds of an all-reduce of the weights and slots (averaging's).
+
+    The sweep's largest (twice the gradients), scaled to the state bytes.
+    """
+    sweep = result["sweeps"][f"{transport} 2"]
+    largest = max(sweep, key=int)
+    return sweep[largest] * result["state_bytes"] / int(largest)
+
+
+def predict_from_step(result, row, one, gradients):
+    """A synchronous row's 2-node step from its calibrated all-reduces.
+
+    Not overlapped, the step is the 1-node step and then its
+    all-reduces, as timed alone. Overlapped, they start as the first
+    bucket is ready and run at `BUSY_CORE_SHARE` of their speed until
+    the backward pass ends; the metrics' all-reduce waits for the step's
+    end. The communication's CPU time is added, as in `predict_row`.
+    averaging: its metrics each step, its state every `average_every`.
+
+    Returns:
+      `(seconds, the communication's CPU time added to them)`.
+    """
+    flags = row["flags"]
+    engine = registry.get(flags["distribution"])
+    transport = transport_of(flags)
+    metrics = smallest_all_reduce(result, transport)
+    if engine.traffic is traffic.ALL_REDUCE_EVERY:
+        state = state_all_reduce(result, transport)
+        return one + metrics + state / flags.get("average_every", 1), 0.0
+    alone = result["step_all_reduces_s"][transport]
+    knobs = knobs_of(flags, "", result["bucket_bytes"], threads_of(result, row))
+    if not knobs.overlap:
+        return one + alone, 0.0
+    backward = traffic.BACKWARD_SHARE * one
+    _, first_ready = gradients.buckets(knobs.pack_bytes)[0]
+    hidden = BUSY_CORE_SHARE * backward * (1 - first_ready)
+    exposed = max(0.0, alone - metrics - hidden) + metrics
+    cpu = communication_cpu(cpu_fits_of(result)[transport], knobs, gradients)
+    return one + exposed + cpu, cpu
+
+
 def predict_row(result, row, one, gradients, unshaped=None):
     """The model's 2-node step of a row whose 1-node step is `one`.
 
     Args:
-      result: the model's calibration (`calibrate`: the link, the sweeps).
+      result: the model's calibration (`calibrate`: the link, the sweeps,
+        the step's all-reduces alone).
       row: `{"name", "flags", "script", "inter_op_threads"}`.
       one: the row's 1-node step, seconds.
       gradients: the model's `traffic.Gradients` (`gradients_of`).
@@ -146,6 +228,8 @@ def predict_row(result, row, one, gradients, unshaped=None):
             engine, knobs_of(flags), base, fit, gradients
         )
         return step, 0.0
+    if basis_of(row) == "step":
+        return predict_from_step(result, row, one, gradients)
     transport = transport_of(flags)
     knobs = knobs_of(
         flags, row.get("script", ""), result["bucket_bytes"],
@@ -207,6 +291,7 @@ def predict_round(result, selected, runs, round_, gradients):
         predictions.append({
             "row": name, "one_node_s": one, "two_nodes_s": two,
             "communication_cpu_s": cpu, "efficiency": efficiency,
+            "basis": basis_of(row),
             "against": "own 1-node job" if asynchronous(row)
             else "best single node",
         })  # fmt: skip
@@ -227,6 +312,8 @@ def prediction_inputs(result, known, best):
             t: dataclasses.asdict(f) for t, f in fits_of(result).items()
         },
         "cpu_fits": cpu_fits_of(result),
+        "step_all_reduces_s": result["step_all_reduces_s"],
+        "busy_core_share": BUSY_CORE_SHARE,
         "best_single_node": {"step_s": best[0][0], "row": best[0][1]}
         if best
         else None,

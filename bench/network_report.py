@@ -140,9 +140,11 @@ def report_predictions(result, entries):
             "before its 2-node jobs (a run saved before the bench wrote "
             "them): none is scored.",
         ]
-    predicted, steps, cpu = {}, {}, {}
+    predicted, steps, cpu, basis = {}, {}, {}, {}
     for entry in sorted(mine, key=lambda e: e["round"]):
         for p in entry["predictions"]:
+            # Predictions written before the basis was recorded: the ring.
+            basis[p["row"]] = p.get("basis", "ring fit")
             predicted.setdefault(p["row"], []).append(p["efficiency"])
             steps.setdefault(p["row"], []).append(p["two_nodes_s"])
             cpu.setdefault(p["row"], []).append(p["communication_cpu_s"])
@@ -158,17 +160,20 @@ def report_predictions(result, entries):
         "Predictions, written before the 2-node jobs (each round's file "
         "entry, hash checked), against the measurements; points: measured "
         "less predicted efficiency, the target within "
-        f"±{scaling_score.TARGET_POINTS:g}.",
+        f"±{scaling_score.TARGET_POINTS:g}. Predicted from: `step`, the "
+        "step's all-reduces timed alone in the calibration; `ring fit`, "
+        "the ring fitted on its sweeps; `unshaped jobs`, parameter_server's "
+        "jobs on unshaped links.",
         "",
-        "| row | predicted 2 nodes ms | measured ms | communication CPU "
-        "added ms | predicted efficiency | measured | points, each round "
-        "| points |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| row | predicted from | predicted 2 nodes ms | measured ms "
+        "| communication CPU added ms | predicted efficiency | measured "
+        "| points, each round | points |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     by_name = {row["name"]: row for row in rows}
     for name, each in points.items():
         lines.append(
-            f"| {name} | {_each(steps[name], 1e3, '.0f')} | "
+            f"| {name} | {basis[name]} | {_each(steps[name], 1e3, '.0f')} | "
             f"{_each(scaling_score.rounds_of(by_name[name], '2'), 1e3, '.0f')}"
             f" | {_each(cpu[name], 1e3, '.0f')} | "
             f"{_each(predicted[name], 100, '.0f', '%')} | "

@@ -166,7 +166,9 @@ def side_measurements(spec, mode, run, config):
     """What `spec` asks timed beside the steps, after them.
 
     The averaging engine's all-reduce, a step's all-reduces alone and
-    Horovod's step without them (`communication_alone`), the sweep.
+    Horovod's step without them (`communication_alone`), the sweep. The
+    calibration's sweep jobs ask for the step's all-reduces alone too
+    (`step_all_reduces`): what the predictions start from.
     """
     from tf_resnet.distribute.averaging import float_variables
 
@@ -181,9 +183,9 @@ def side_measurements(spec, mode, run, config):
             start = time.perf_counter()
             mode.average_in_place(variables)
             result["average_s"].append(time.perf_counter() - start)
-    if spec.get("communication_alone"):
+    if spec.get("communication_alone") or spec.get("step_all_reduces"):
         result["communication_s"] = communication_alone(mode, run.model)
-        if getattr(mode, "strategy", None) is None:  # Horovod
+        if spec.get("communication_alone") and mode_is_horovod(mode):
             result["compute_s"] = compute_alone(
                 mode, run.model, run.optimizer, config, run.iterator, spec
             )
@@ -193,6 +195,11 @@ def side_measurements(spec, mode, run, config):
             mode, spec["sweep"], spec["sweep_repeats"], fp16
         )
     return result
+
+
+def mode_is_horovod(mode):
+    """Whether `mode` is Horovod's (which has no `tf.distribute` strategy)."""
+    return getattr(mode, "strategy", None) is None
 
 
 def run_tape_script(spec):
@@ -283,7 +290,7 @@ def _summed_as_gradients(mode, tensors):
     import tensorflow as tf
 
     local = [tf.identity(t) for t in tensors]  # the replica's own
-    if getattr(mode, "strategy", None) is None:
+    if mode_is_horovod(mode):
         return mode.all_reduce_gradients(local)
     context = tf.distribute.get_replica_context()
     return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
@@ -382,7 +389,7 @@ def sweep(mode, sizes, repeats, fp16=False):
 
     # Horovod's mode compresses by itself; the replica context's all-reduce
     # is handed float16, as the optimizer's compressed one is.
-    horovod = getattr(mode, "strategy", None) is None
+    horovod = mode_is_horovod(mode)
     dtype = tf.float16 if fp16 and not horovod else tf.float32
     times, cpu = {}, {}
     for nbytes in sizes:

@@ -15,8 +15,11 @@ import pytest
 BENCH = os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench")
 sys.path.insert(0, BENCH)
 
+import network_predict  # noqa: E402
 import network_report  # noqa: E402
 import scaling_score  # noqa: E402
+
+from tf_resnet import traffic  # noqa: E402
 
 
 def _row(name, ones, twos, threads=2, **flags):
@@ -186,3 +189,67 @@ def test_the_report_refuses_predictions_changed_after_the_run(tmp_path):
         json.dump(saved, stream)
     with pytest.raises(SystemExit, match="run.predictions.json"):
         network_report.load_report(out)
+
+
+def _calibration(alone, metrics=0.010):
+    """A calibration of the horovod transport: sweeps, CPU, a step alone."""
+    return {
+        "bucket_bytes": 2**20,
+        "state_bytes": 8 * 2**20,
+        "inter_op_threads": 1,
+        "sweeps": {"horovod 2": {"4096": metrics, str(8 * 2**20): 0.400}},
+        "sweep_cpu_s": {"horovod 2": {}},
+        "step_all_reduces_s": {"horovod": alone},
+    }
+
+
+# Four 1 MiB tensors, the last layer's ready first; 1 MiB buckets take two
+# each (a bucket closes past its size), the first ready halfway through.
+GRADIENTS = traffic.Gradients((2**20,) * 4, (1.0, 0.75, 0.5, 0.25))
+NO_CPU = {"per_call_s": 0.0, "per_byte_s": 0.0}
+
+
+def _predict(result, **flags):
+    row = {"name": "r", "flags": {"distribution": "horovod", **flags}}
+    return network_predict.predict_row(result, row, 0.300, GRADIENTS)
+
+
+def test_one_all_reduce_after_the_step_adds_its_time_alone():
+    result = _calibration(alone=0.250)
+    step, cpu = _predict(result, overlap_all_reduce=False)
+    assert (step, cpu) == (pytest.approx(0.300 + 0.250), 0.0)
+
+
+def test_an_overlapped_step_hides_what_a_busy_core_lets_through(monkeypatch):
+    monkeypatch.setattr(network_predict, "cpu_fits_of", lambda r: {
+        "horovod": NO_CPU})  # fmt: skip
+    result = _calibration(alone=0.250)
+    backward = traffic.BACKWARD_SHARE * 0.300
+    hidden = network_predict.BUSY_CORE_SHARE * backward * 0.5
+    step, _ = _predict(result)
+    assert step == pytest.approx(0.300 + 0.250 - hidden)
+    # An all-reduce shorter than what hides leaves the metrics' exposed.
+    step, _ = _predict(_calibration(alone=0.050))
+    assert step == pytest.approx(0.300 + 0.010)
+
+
+def test_averaging_pays_its_state_every_period_and_its_metrics_each_step():
+    result = _calibration(alone=0.250)
+    step, _ = network_predict.predict_row(
+        result,
+        {"name": "a", "flags": {"distribution": "averaging",
+                                "average_every": 4}},
+        0.300, GRADIENTS,
+    )  # fmt: skip
+    assert step == pytest.approx(0.300 + 0.010 + 0.400 / 4)
+
+
+def test_rows_that_send_otherwise_than_the_calibration_use_the_ring_fit():
+    def basis(**flags):
+        row = {"flags": {"distribution": "horovod", **flags}}
+        return network_predict.basis_of(row)
+
+    assert basis() == "step"
+    assert basis(overlap_all_reduce=False) == "step"
+    assert basis(all_reduce_pack_bytes=2**22) == "ring fit"
+    assert basis(accumulate_steps=4) == "ring fit"
