@@ -347,14 +347,23 @@ def report_communication(result):
         if "communication_s" not in row["2"]:
             continue
         n = result["gradient_bytes"]
-        sizes = result["sweeps"][f"{row['flags']['distribution']} 2"]
+        transport = transport_of(row["flags"])
+        sizes = result["sweeps"][f"{transport} 2"]
         each = _each(row["2"]["communication_s"], 1e3, ".0f")
+        calibrated = result.get("step_all_reduces_s", {}).get(transport)
         lines += [
             "",
             f"{row['name']}: its step's all-reduces alone in the 2-node "
             f"jobs (the gradients as a list of {result['tensors']} "
             f"tensors, then the metrics): {each} ms (each round's "
-            f"fastest of 3); the sweep's one tensor of "
+            "fastest of 3)"
+            + (
+                f", in the calibration before them {1e3 * calibrated:.0f}"
+                " ms (the predictions' input)"
+                if calibrated
+                else ""
+            )
+            + "; the sweep's one tensor of "
             f"{n / 1e6:.2f} MB: {1e3 * sizes[str(n)]:.0f} ms; the 2-node "
             "step less the 1-node step, each round: "
             + ", ".join(
