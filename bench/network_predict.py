@@ -128,7 +128,7 @@ BUSY_CORE_SHARE = 2 / 3
 # calibration's sweep job sent them, to be predicted from them.
 _AS_CALIBRATED = {
     "distribution", "overlap_all_reduce", "gradient_compression",
-    "average_every",
+    "average_every", "accumulate_steps",
 }  # fmt: skip
 
 
@@ -137,7 +137,8 @@ def basis_of(row):
 
     "step": from the step's all-reduces timed alone in the calibration,
     which a row sends when its flags change nothing of what they send
-    but the overlap, the compression swept beside them, or the period.
+    but the overlap, the compression swept beside them, the period or
+    how often (accumulation).
     Other rows (packs, buckets, accumulation, scripts) from the ring
     fitted on the sweeps (`scaling.predict_two_nodes`), as the GPU
     projection is. parameter_server from its jobs on unshaped links.
@@ -172,8 +173,10 @@ def predict_from_step(result, row, one, gradients):
     all-reduces, as timed alone. Overlapped, they start as the first
     bucket is ready and run at `BUSY_CORE_SHARE` of their speed until
     the backward pass ends; the metrics' all-reduce waits for the step's
-    end. The communication's CPU time is added, as in `predict_row`.
-    averaging: its metrics each step, its state every `average_every`.
+    end; accumulating, only the last micro-batch's backward pass hides
+    them (`train_loop`). The communication's CPU time is added, as in
+    `predict_row`. averaging: its metrics each step, its state every
+    `average_every`.
 
     Returns:
       `(seconds, the communication's CPU time added to them)`.
@@ -189,7 +192,8 @@ def predict_from_step(result, row, one, gradients):
     knobs = knobs_of(flags, "", result["bucket_bytes"], threads_of(result, row))
     if not knobs.overlap:
         return one + alone, 0.0
-    backward = traffic.BACKWARD_SHARE * one
+    micro_batches = flags.get("accumulate_steps", 1)
+    backward = traffic.BACKWARD_SHARE * one / micro_batches
     _, first_ready = gradients.buckets(knobs.pack_bytes)[0]
     hidden = BUSY_CORE_SHARE * backward * (1 - first_ready)
     exposed = max(0.0, alone - metrics - hidden) + metrics

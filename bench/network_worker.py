@@ -184,7 +184,10 @@ def side_measurements(spec, mode, run, config):
             mode.average_in_place(variables)
             result["average_s"].append(time.perf_counter() - start)
     if spec.get("communication_alone") or spec.get("step_all_reduces"):
-        result["communication_s"] = communication_alone(mode, run.model)
+        fp16 = spec["flags"].get("gradient_compression") == "fp16"
+        result["communication_s"] = communication_alone(
+            mode, run.model, fp16=fp16
+        )
         if spec.get("communication_alone") and mode_is_horovod(mode):
             result["compute_s"] = compute_alone(
                 mode, run.model, run.optimizer, config, run.iterator, spec
@@ -296,7 +299,7 @@ def _summed_as_gradients(mode, tensors):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, local)
 
 
-def communication_alone(mode, model, repeats=3):
+def communication_alone(mode, model, repeats=3, fp16=False):
     """Seconds of a step's all-reduces with nothing computed, `repeats` times.
 
     What a synchronous step sends, sent as it sends it: the gradients as a
@@ -304,12 +307,16 @@ def communication_alone(mode, model, repeats=3):
     all-reduce; multi_worker: the replica context's, as the optimizer's),
     then the metrics. Set beside the sweep's one tensor of the same bytes,
     it tells the cost of the list from the cost of the rest of the step.
+    With `fp16`, as `--gradient_compression=fp16` sends them (as `sweep`).
     """
     import tensorflow as tf
 
+    # Horovod's mode compresses by itself; the replica context is handed
+    # float16, as the optimizer's compressed all-reduce is.
+    dtype = tf.float16 if fp16 and not mode_is_horovod(mode) else tf.float32
     # Arguments, not constants made in the function: Horovod's all-reduce
     # of those came back in 0.3 ms at 2 processes, not done at each call.
-    tensors = [tf.ones(v.shape) for v in model.trainable_variables]
+    tensors = [tf.ones(v.shape, dtype) for v in model.trainable_variables]
 
     @tf.function(autograph=False)
     def step(tensors):

@@ -231,6 +231,9 @@ def test_an_overlapped_step_hides_what_a_busy_core_lets_through(monkeypatch):
     # An all-reduce shorter than what hides leaves the metrics' exposed.
     step, _ = _predict(_calibration(alone=0.050))
     assert step == pytest.approx(0.300 + 0.010)
+    # Accumulating 4 (0.300 s an update), the last micro-batch hides them.
+    step, _ = _predict(result, accumulate_steps=4)
+    assert step == pytest.approx(0.300 + 0.250 - hidden / 4)
 
 
 def test_averaging_pays_its_state_every_period_and_its_metrics_each_step():
@@ -252,4 +255,7 @@ def test_rows_that_send_otherwise_than_the_calibration_use_the_ring_fit():
     assert basis() == "step"
     assert basis(overlap_all_reduce=False) == "step"
     assert basis(all_reduce_pack_bytes=2**22) == "ring fit"
-    assert basis(accumulate_steps=4) == "ring fit"
+    assert basis(accumulate_steps=4) == "step"
+    assert basis(all_reduce_pack_bytes=2**22, accumulate_steps=4) == (
+        "ring fit"
+    )
