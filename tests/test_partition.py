@@ -36,6 +36,7 @@ from tests.helpers import (
     requires_horovod,
     resnet8_flags,
 )
+from tf_resnet import peer_watch
 
 BOUND = 20
 WORKER = engine_runs.WORKER
@@ -197,6 +198,13 @@ RANK_SHELL = (
     'codes=$0; "$@"; code=$?; echo "$code" >"$codes/$OMPI_COMM_WORLD_RANK"; '
     'exit "$code"'
 )
+# Open MPI's keepalive on mpirun's connections to its daemons, as
+# docs/reliability.md tells a bare mpirun's user: idle 4 s, then 3 probes
+# 2 s apart, well within the bound.
+KEEPALIVE = (
+    "-mca", "oob_tcp_keepalive_time", "4", "-mca", "oob_tcp_keepalive_intvl",
+    "2", "-mca", "oob_tcp_keepalive_probes", "3",
+)  # fmt: skip
 
 
 def wait_for_file(path, seconds):
@@ -209,38 +217,50 @@ def wait_for_file(path, seconds):
     return None
 
 
-@pytest.mark.slow
-@on_two_nodes
-@requires_horovod
-@pytest.mark.skipif(not shutil.which("mpirun"), reason="no mpirun (Open MPI)")
-def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
-    nodes, synthetic_cifar, tmp_path
-):
-    """Horovod on MPI has no timeout of its own: the watch ends the rank.
-
-    Open MPI's mpirun, started on node1 as the docs say (`-H`), its
-    daemon on node2 over the nodes' ssh. After rank 0 exits 4, mpirun
-    waits for node2's daemon to acknowledge the abort, which the cut
-    keeps from arriving (until TCP gives up: minutes); the batch scripts
-    end it STEP_GRACE seconds after a rank's exit (LAUNCHER=mpirun), as
-    here the test does.
-    """
+@pytest.fixture
+def mpi_horovod():
+    """Skips unless Horovod was built with MPI and Open MPI's mpirun is here."""
     import horovod.tensorflow as hvd  # Not on the newest set.
 
+    if not shutil.which("mpirun"):
+        pytest.skip("no mpirun (Open MPI)")
     if not hvd.mpi_built():
         pytest.skip("Horovod was built without MPI (no mpicxx at set-up)")
-    log_root = tmp_path / "log"
-    codes = tmp_path / "codes"
-    codes.mkdir()
+
+
+def start_mpirun(nodes, options, rank, synthetic_cifar, log_root):
+    """Open MPI's mpirun on node1 as the docs say (`-H`), node2's daemon
+    over the nodes' ssh: `options` its own, `rank` what precedes the
+    Horovod rank's command (a shell that keeps its exit code)."""
     hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
-    process = start_on(
+    return start_on(
         nodes, "node1", "mpirun", "--allow-run-as-root", "-np", "2", "-H",
         hosts, "-bind-to", "none", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
         "-mca", "btl", "tcp,self", "-mca", "btl_tcp_if_include", "eth0",
-        "-mca", "oob_tcp_if_include", "eth0", "sh", "-c", RANK_SHELL,
-        str(codes), sys.executable, WORKER, f"--dump_dir={log_root}_dump",
+        "-mca", "oob_tcp_if_include", "eth0", *options, *rank,
+        sys.executable, WORKER, f"--dump_dir={log_root}_dump",
         "--distribution=horovod", *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
+
+
+@pytest.mark.slow
+@on_two_nodes
+@requires_horovod
+def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
+    nodes, synthetic_cifar, tmp_path, mpi_horovod
+):
+    """Horovod on MPI has no timeout of its own: the watch ends the rank.
+
+    After rank 0 exits 4, a plain mpirun waits for node2's daemon to
+    acknowledge the abort, which the cut keeps from arriving (until TCP
+    gives up: minutes); the batch scripts end it STEP_GRACE seconds after
+    a rank's exit (LAUNCHER=mpirun), as here the test does.
+    """
+    log_root = tmp_path / "log"
+    codes = tmp_path / "codes"
+    codes.mkdir()
+    rank = ("sh", "-c", RANK_SHELL, str(codes))
+    process = start_mpirun(nodes, (), rank, synthetic_cifar, log_root)
     try:
         lines, cut_at = cut_after(process, nodes, 12)
         drain = threading.Thread(target=lines.extend, args=(process.stdout,))
@@ -260,6 +280,34 @@ def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
     assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
     with two_nodes.Nodes() as again:
         assert_resumes(again, synthetic_cifar, log_root, found[3])
+
+
+@pytest.mark.slow
+@on_two_nodes
+@requires_horovod
+def test_with_keepalive_mpirun_ends_a_cut_off_run_itself(
+    nodes, synthetic_cifar, tmp_path, mpi_horovod
+):
+    """The invocation docs/reliability.md gives a bare mpirun's user.
+
+    Open MPI's keepalive declares node2's daemon lost before the ranks'
+    bound; mpirun then ends the job by itself, its own banner naming the
+    node, and kills rank 0 (which therefore never prints the line). The
+    checkpoint stays, and the same command resumes from it.
+    """
+    log_root = tmp_path / "log"
+    process = start_mpirun(nodes, KEEPALIVE, (), synthetic_cifar, log_root)
+    lines, cut_at = cut_after(process, nodes, 12)
+    output, took = end_of(process, lines, cut_at)
+    assert process.returncode not in (None, 0), output[-3000:]
+    # Before the ranks' bound: no rank got to print its line.
+    assert "lost a task of the training cluster" not in output, output[-3000:]
+    assert took < BOUND + 10, f"{took:.0f} s\n{output[-3000:]}"
+    assert "ORTE has lost communication with a remote daemon" in output
+    assert re.search(r"Remote daemon: \S+ on node 10\.78\.0\.2", output)
+    checkpoint = peer_watch.newest_checkpoint(str(log_root))
+    assert int(checkpoint.rpartition("-")[2]) >= 10, checkpoint
+    assert_resumes(nodes, synthetic_cifar, log_root, checkpoint)
 
 
 # TensorFlow's collectives' doing (on CI's newest set, as the helpers
