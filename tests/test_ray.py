@@ -474,6 +474,10 @@ def test_failures_name_each_worker_and_the_exit_code():
     assert launcher.exit_code_of(found) == 4
     assert launcher.exit_code_of([(0, 4, ""), (1, 137, "")]) == 137
     assert launcher.exit_code_of([(0, None, "")]) == 1
+    # A retry that cannot start its workers after a lost peer: still 4.
+    assert launcher.last_exit_code(1, lost_a_peer=True) == 4
+    assert launcher.last_exit_code(1, lost_a_peer=False) == 1
+    assert launcher.last_exit_code(137, lost_a_peer=True) == 137
 
 
 def test_launcher_imports_neither_ray_nor_tensorflow():

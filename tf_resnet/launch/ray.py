@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 
-from tf_resnet import native_log
+from tf_resnet import native_log, peer_watch
 from tf_resnet.launch import cli, processes, tf_config_cluster
 
 log = cli.logger("launch.ray")
@@ -225,6 +225,19 @@ def exit_code_of(found):
     return (causes or codes or [1])[0]
 
 
+def last_exit_code(code, lost_a_peer):
+    """The exit code of the launcher's last attempt, `code`, given the run.
+
+    An attempt that follows a lost peer (an earlier one ended 4) often
+    fails with no worker's code at all: Ray has not yet declared the
+    cut-off node dead and the workers cannot all start. That is the same
+    loss, and a batch script should retry on other nodes: 4, not 1.
+    """
+    if code == 1 and lost_a_peer:
+        return peer_watch.LOST_PEER
+    return code
+
+
 def check_resources(ray, args):
     """The cluster's error when it lacks the workers' CPUs or GPUs, or None."""
     total = ray.cluster_resources()
@@ -308,7 +321,7 @@ def import_ray():
 def run(ray, train, tensorflow, args):
     """Runs attempts until one ends; returns the launcher's exit code."""
     log_root = cli.given_flag(args.main_flags, "log_root")
-    restarts = 0
+    restarts, lost_a_peer = 0, False
     while True:
         log(
             f"starting {args.num_workers} worker(s)"
@@ -334,13 +347,16 @@ def run(ray, train, tensorflow, args):
                 )
                 return code
             if restarts >= args.max_failures:
+                code = last_exit_code(code, lost_a_peer)
+                lost = " after losing a peer" if code == 4 else ""
                 log(
-                    f"error: the workers failed and no restart is left "
-                    f"(--max_failures={args.max_failures}); rerun the same "
-                    "command to resume from the last checkpoint in "
+                    f"error: the workers failed{lost} and no restart is "
+                    f"left (--max_failures={args.max_failures}); rerun the "
+                    "same command to resume from the last checkpoint in "
                     f"--log_root={log_root}"
                 )
                 return code
+            lost_a_peer = lost_a_peer or code == peer_watch.LOST_PEER
             restarts += 1
             log("restarting every worker; they resume from the last "
                 f"checkpoint in --log_root={log_root}")  # fmt: skip
