@@ -139,7 +139,7 @@ def basis_of(row):
     which a row sends when its flags change nothing of what they send
     but the overlap, the compression swept beside them, the period or
     how often (accumulation).
-    Other rows (packs, buckets, accumulation, scripts) from the ring
+    Other rows (packs, buckets, scripts) from the ring
     fitted on the sweeps (`scaling.predict_two_nodes`), as the GPU
     projection is. parameter_server from its jobs on unshaped links.
     """
@@ -166,7 +166,7 @@ def state_all_reduce(result, transport):
     return sweep[largest] * result["state_bytes"] / int(largest)
 
 
-def predict_from_step(result, row, one, gradients):
+def step_from_calibration(result, flags, one, knobs, gradients):
     """A synchronous row's 2-node step from its calibrated all-reduces.
 
     Not overlapped, the step is the 1-node step and then its
@@ -174,31 +174,24 @@ def predict_from_step(result, row, one, gradients):
     bucket is ready and run at `BUSY_CORE_SHARE` of their speed until
     the backward pass ends; the metrics' all-reduce waits for the step's
     end; accumulating, only the last micro-batch's backward pass hides
-    them (`train_loop`). The communication's CPU time is added, as in
-    `predict_row`. averaging: its metrics each step, its state every
-    `average_every`.
-
-    Returns:
-      `(seconds, the communication's CPU time added to them)`.
+    them (`train_loop`). averaging: its metrics each step, its state
+    every `average_every`. Without the communication's CPU time, which
+    `predict_row` adds to every basis alike.
     """
-    flags = row["flags"]
     engine = registry.get(flags["distribution"])
     transport = transport_of(flags)
     metrics = smallest_all_reduce(result, transport)
     if engine.traffic is traffic.ALL_REDUCE_EVERY:
         state = state_all_reduce(result, transport)
-        return one + metrics + state / flags.get("average_every", 1), 0.0
+        return one + metrics + state / flags.get("average_every", 1)
     alone = result["step_all_reduces_s"][transport]
-    knobs = knobs_of(flags, "", result["bucket_bytes"], threads_of(result, row))
     if not knobs.overlap:
-        return one + alone, 0.0
+        return one + alone
     micro_batches = flags.get("accumulate_steps", 1)
     backward = traffic.BACKWARD_SHARE * one / micro_batches
     _, first_ready = gradients.buckets(knobs.pack_bytes)[0]
     hidden = BUSY_CORE_SHARE * backward * (1 - first_ready)
-    exposed = max(0.0, alone - metrics - hidden) + metrics
-    cpu = communication_cpu(cpu_fits_of(result)[transport], knobs, gradients)
-    return one + exposed + cpu, cpu
+    return one + max(0.0, alone - metrics - hidden) + metrics
 
 
 def predict_row(result, row, one, gradients, unshaped=None):
@@ -232,16 +225,17 @@ def predict_row(result, row, one, gradients, unshaped=None):
             engine, knobs_of(flags), base, fit, gradients
         )
         return step, 0.0
-    if basis_of(row) == "step":
-        return predict_from_step(result, row, one, gradients)
     transport = transport_of(flags)
     knobs = knobs_of(
         flags, row.get("script", ""), result["bucket_bytes"],
         threads_of(result, row),
     )  # fmt: skip
-    step = scaling.predict_two_nodes(
-        engine, knobs, one, fits_of(result)[transport], gradients
-    )
+    if basis_of(row) == "step":
+        step = step_from_calibration(result, flags, one, knobs, gradients)
+    else:
+        step = scaling.predict_two_nodes(
+            engine, knobs, one, fits_of(result)[transport], gradients
+        )
     cpu = 0.0
     if engine.overlaps and knobs.overlap:
         cpu = communication_cpu(
