@@ -475,9 +475,12 @@ def test_failures_name_each_worker_and_the_exit_code():
     assert launcher.exit_code_of([(0, 4, ""), (1, 137, "")]) == 137
     assert launcher.exit_code_of([(0, None, "")]) == 1
     # A retry that cannot start its workers after a lost peer: still 4.
-    assert launcher.last_exit_code(1, lost_a_peer=True) == 4
-    assert launcher.last_exit_code(1, lost_a_peer=False) == 1
-    assert launcher.last_exit_code(137, lost_a_peer=True) == 137
+    gone = [(None, None, "the worker group startup timed out")]
+    assert launcher.last_exit_code(gone, lost_a_peer=True) == 4
+    assert launcher.last_exit_code(gone, lost_a_peer=False) == 1
+    assert launcher.last_exit_code([(0, 137, "")], lost_a_peer=True) == 137
+    # A worker's own exit 1 stays its own, after a lost peer too.
+    assert launcher.last_exit_code([(0, 1, "")], lost_a_peer=True) == 1
 
 
 def test_launcher_imports_neither_ray_nor_tensorflow():

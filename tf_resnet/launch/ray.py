@@ -225,17 +225,18 @@ def exit_code_of(found):
     return (causes or codes or [1])[0]
 
 
-def last_exit_code(code, lost_a_peer):
-    """The exit code of the launcher's last attempt, `code`, given the run.
+def last_exit_code(found, lost_a_peer):
+    """The launcher's exit code when its last attempt failed with `found`.
 
     An attempt that follows a lost peer (an earlier one ended 4) often
     fails with no worker's code at all: Ray has not yet declared the
     cut-off node dead and the workers cannot all start. That is the same
-    loss, and a batch script should retry on other nodes: 4, not 1.
+    loss, and a batch script should retry on other nodes: 4, not the 1
+    of `exit_code_of`. A worker's own code, even 1, is kept.
     """
-    if code == 1 and lost_a_peer:
+    if lost_a_peer and not any(code for _, code, _ in found):
         return peer_watch.LOST_PEER
-    return code
+    return exit_code_of(found)
 
 
 def check_resources(ray, args):
@@ -347,8 +348,12 @@ def run(ray, train, tensorflow, args):
                 )
                 return code
             if restarts >= args.max_failures:
-                code = last_exit_code(code, lost_a_peer)
-                lost = " after losing a peer" if code == 4 else ""
+                code = last_exit_code(found, lost_a_peer)
+                lost = (
+                    " after losing a peer"
+                    if code == peer_watch.LOST_PEER
+                    else ""
+                )
                 log(
                     f"error: the workers failed{lost} and no restart is "
                     f"left (--max_failures={args.max_failures}); rerun the "
