@@ -177,6 +177,89 @@ def test_a_rank_killed_without_a_word_is_a_lost_peer(tmp_path):
     assert horovod.last_words({}, "OSError: ...", 1, "x") == (None, 1)
 
 
+MPIRUN_FAILED = """mpirun detected that one or more processes exited with \
+non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[19296,1],{rank}]
+  Exit code:    {code}
+"""
+MPIRUN_LOST_NODE = """ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[19296,0],0] on node node1
+  Remote daemon: [[19296,0],1] on node 10.78.0.2
+
+This is usually due to either a failure of the TCP network
+"""
+
+
+def test_mpiruns_failed_rank_and_lost_node_are_read(tmp_path):
+    said = {1: "resnet_main: error: bad data"}
+    assert horovod.last_words(
+        said, MPIRUN_FAILED.format(rank=1, code=2), 2, "x"
+    ) == ("resnet_main: error: bad data", 2)
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-30"\n')
+    line, code = horovod.last_words(
+        {}, MPIRUN_LOST_NODE, 205, str(tmp_path), 31
+    )
+    assert code == 4
+    assert line == (
+        "resnet_main: error: lost a task of the training cluster after step "
+        "31 (mpirun lost its daemon on 10.78.0.2: cut off or down; waiting "
+        "on the ranks on 10.78.0.2); the newest complete checkpoint is "
+        f"{tmp_path}/ckpt-30, which the same command resumes from (exit code "
+        "4: a Slurm job of scripts/ requeues itself)"
+    )
+    # A rank killed, named or not: the peers it left lost it.
+    signaled = (
+        "mpirun noticed that process rank 1 with PID 77 on node node2 exited "
+        "on signal 9 (Killed)."
+    )
+    line, code = horovod.last_words({}, signaled, 137, str(tmp_path))
+    assert code == 4 and "(rank 1 ended with code 137 (SIGKILL); " in line
+    assert "waiting on rank 1 on node2)" in line
+    line, code = horovod.last_words({}, "Primary job terminated", 137, "x")
+    assert code == 4 and "(a rank ended with code 137 (SIGKILL); " in line
+
+
+def test_mpirun_command_line_bounds_a_cut_off_node():
+    environ = {"PATH": "/bin", "TF_CPP_MIN_LOG_LEVEL": "2", "HOME": "/root"}
+    command = horovod.mpirun_command(
+        2, ["python", "x.py"], "a:1,b:1", "eth0", 20.0, environ=environ
+    )
+    assert command == [
+        "mpirun", "-np", "2", "-H", "a:1,b:1", "-bind-to", "none", "-map-by",
+        "slot", "--tag-output", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
+        "-mca", "btl_tcp_if_include", "eth0", "-mca", "oob_tcp_if_include",
+        "eth0", "-mca", "oob_tcp_keepalive_time", "4", "-mca",
+        "oob_tcp_keepalive_intvl", "1", "-mca", "oob_tcp_keepalive_probes",
+        "6", "python", "x.py",
+    ]  # fmt: skip
+    # Lost within half the bound at most (idle time, then the probes).
+    for bound in (6.0, 20.0, 300.0, 1800.0):
+        options = horovod.keepalive_options(bound)
+        idle, interval, probes = (int(options[i]) for i in (2, 5, 8))
+        assert idle + interval * probes <= bound / 2, (bound, options)
+    # A keepalive the environment sets is the user's: none added.
+    environ["OMPI_MCA_oob_tcp_keepalive_time"] = "100"
+    command = horovod.mpirun_command(
+        2, ["x"], None, None, 20.0, environ=environ
+    )
+    assert "oob_tcp_keepalive_time" not in command
+    assert command[4] == "localhost:2"
+
+
+def test_hosts_need_the_hosts_network(capsys):
+    with pytest.raises(SystemExit):
+        horovod.parse_args(["--np=2", "--hosts=a:1,b:1", "--"])
+    assert "pass --network=host" in capsys.readouterr().err
+    args = horovod.parse_args(
+        ["--np=2", "--hosts=a:1,b:1", "--network=host", "--launcher=mpirun",
+         "--", "--peer_timeout_secs=20"]
+    )  # fmt: skip
+    assert (args.hosts, args.launcher) == ("a:1,b:1", "mpirun")
+
+
 def test_missing_horovodrun_is_a_clear_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))

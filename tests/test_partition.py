@@ -100,11 +100,11 @@ def partition_flags(synthetic_cifar, log_root, *extra):
     )  # fmt: skip
 
 
-def start_on(nodes, node, *command):
+def start_on(nodes, node, *command, **env):
     """`command` on `node`; its output and errors on one pipe."""
     return subprocess.Popen(
-        [*nodes.enter(node), *command], env=nodes.env(), cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [*nodes.enter(node), *command], env=nodes.env(**env), cwd=ROOT,
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
@@ -198,13 +198,6 @@ RANK_SHELL = (
     'codes=$0; "$@"; code=$?; echo "$code" >"$codes/$OMPI_COMM_WORLD_RANK"; '
     'exit "$code"'
 )
-# Open MPI's keepalive on mpirun's connections to its daemons, as
-# docs/reliability.md tells a bare mpirun's user: idle 4 s, then 3 probes
-# 2 s apart, well within the bound.
-KEEPALIVE = (
-    "-mca", "oob_tcp_keepalive_time", "4", "-mca", "oob_tcp_keepalive_intvl",
-    "2", "-mca", "oob_tcp_keepalive_probes", "3",
-)  # fmt: skip
 
 
 def wait_for_file(path, seconds):
@@ -228,16 +221,16 @@ def mpi_horovod():
         pytest.skip("Horovod was built without MPI (no mpicxx at set-up)")
 
 
-def start_mpirun(nodes, options, rank, synthetic_cifar, log_root):
+def start_mpirun(nodes, rank, synthetic_cifar, log_root):
     """Open MPI's mpirun on node1 as the docs say (`-H`), node2's daemon
-    over the nodes' ssh: `options` its own, `rank` what precedes the
-    Horovod rank's command (a shell that keeps its exit code)."""
+    over the nodes' ssh: `rank` what precedes the Horovod rank's command
+    (a shell that keeps its exit code)."""
     hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
     return start_on(
         nodes, "node1", "mpirun", "--allow-run-as-root", "-np", "2", "-H",
         hosts, "-bind-to", "none", "-x", "PATH", "-x", "TF_CPP_MIN_LOG_LEVEL",
         "-mca", "btl", "tcp,self", "-mca", "btl_tcp_if_include", "eth0",
-        "-mca", "oob_tcp_if_include", "eth0", *options, *rank,
+        "-mca", "oob_tcp_if_include", "eth0", *rank,
         sys.executable, WORKER, f"--dump_dir={log_root}_dump",
         "--distribution=horovod", *partition_flags(synthetic_cifar, log_root),
     )  # fmt: skip
@@ -260,7 +253,7 @@ def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
     codes = tmp_path / "codes"
     codes.mkdir()
     rank = ("sh", "-c", RANK_SHELL, str(codes))
-    process = start_mpirun(nodes, (), rank, synthetic_cifar, log_root)
+    process = start_mpirun(nodes, rank, synthetic_cifar, log_root)
     try:
         lines, cut_at = cut_after(process, nodes, 12)
         drain = threading.Thread(target=lines.extend, args=(process.stdout,))
@@ -285,29 +278,45 @@ def test_a_cut_link_ends_mpirun_ranks_within_the_bound(
 @pytest.mark.slow
 @on_two_nodes
 @requires_horovod
-def test_with_keepalive_mpirun_ends_a_cut_off_run_itself(
+def test_the_launcher_ends_an_mpirun_run_cut_off_with_its_line(
     nodes, synthetic_cifar, tmp_path, mpi_horovod
 ):
-    """The invocation docs/reliability.md gives a bare mpirun's user.
+    """Across hosts with mpirun, as docs/distributed.md tells a user to.
 
-    Open MPI's keepalive declares node2's daemon lost before the ranks'
-    bound; mpirun then ends the job by itself, its own banner naming the
-    node, and kills rank 0 (which therefore never prints the line). The
-    checkpoint stays, and the same command resumes from it.
+    The launcher sets Open MPI's keepalive from the bound, so mpirun
+    declares node2's daemon lost before the ranks' bound and ends the
+    job by itself (killing rank 0 before it can say its line); the
+    launcher then says the lost-peer line last, naming node2 and the
+    newest checkpoint, with exit 4, and the same command resumes.
     """
     log_root = tmp_path / "log"
-    process = start_mpirun(nodes, KEEPALIVE, (), synthetic_cifar, log_root)
+    hosts = ",".join(f"{address}:1" for address in two_nodes.ADDRESSES.values())
+    process = start_on(
+        nodes, "node1", sys.executable, "-m", "tf_resnet.launch.horovod",
+        "--np=2", f"--hosts={hosts}", "--network=host", "--launcher=mpirun",
+        "--network_interface=eth0", f"--main={WORKER}", "--",
+        f"--dump_dir={log_root}_dump", "--distribution=horovod",
+        *partition_flags(synthetic_cifar, log_root),
+        OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_btl="tcp,self",
+    )  # fmt: skip
     lines, cut_at = cut_after(process, nodes, 12)
     output, took = end_of(process, lines, cut_at)
-    assert process.returncode not in (None, 0), output[-3000:]
-    # Before the ranks' bound: no rank got to print its line.
-    assert "lost a task of the training cluster" not in output, output[-3000:]
+    assert process.returncode == 4, output[-3000:]
+    # Within the keepalive's half of the bound, and some slack for a
+    # loaded machine: before the ranks' bound, so no rank said the line.
     assert took < BOUND + 10, f"{took:.0f} s\n{output[-3000:]}"
+    assert "<stderr>:resnet_main: error: lost" not in output, output[-3000:]
     assert "ORTE has lost communication with a remote daemon" in output
-    assert re.search(r"Remote daemon: \S+ on node 10\.78\.0\.2", output)
-    checkpoint = peer_watch.newest_checkpoint(str(log_root))
-    assert int(checkpoint.rpartition("-")[2]) >= 10, checkpoint
-    assert_resumes(nodes, synthetic_cifar, log_root, checkpoint)
+    found = re.fullmatch(
+        LOST.format(peer=r"the ranks on 10\.78\.0\.2") + r" \(exit code 4.*",
+        output.splitlines()[-1],
+    )
+    assert found, output[-3000:]
+    assert "mpirun lost its daemon on 10.78.0.2" in found[2]
+    assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    assert found[3] == peer_watch.newest_checkpoint(str(log_root))
+    assert_resumes(nodes, synthetic_cifar, log_root, found[3])
 
 
 # TensorFlow's collectives' doing (on CI's newest set, as the helpers

@@ -105,7 +105,7 @@ class Parser(argparse.ArgumentParser):
 
 
 # The flags of `--main` that a launcher reads.
-READ_FLAGS = ("distribution", "log_root")
+READ_FLAGS = ("distribution", "log_root", "peer_timeout_secs")
 
 
 def _read_flags(main_flags):
@@ -138,3 +138,8 @@ def given_flag(main_flags, name):
     """
     flag = _read_flags(main_flags)[name]
     return flag.value if flag.present else None
+
+
+def flag_value(main_flags, name):
+    """`--name` (one of `READ_FLAGS`) for `--main`, given or by default."""
+    return _read_flags(main_flags)[name].value
