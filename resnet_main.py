@@ -77,7 +77,8 @@ def run(argv):
             export.export(config, config.run.export_dir, config.run.checkpoint)
             return 0
         dist = config.distribution
-        if serve(started.engine, dist):  # A task that only serves its cluster.
+        # A task that only serves its cluster.
+        if serve(started.engine, dist, config.run.log_root):
             return 0
         alone = None
         if config.run.mode == "train":  # An eval job is one process.

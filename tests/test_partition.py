@@ -377,26 +377,24 @@ def test_a_cut_link_ends_a_multi_worker_within_the_bound(
 def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
     nodes, synthetic_cifar, tmp_path
 ):
+    """The coordinator ends at its bound; the worker cut off from it too.
+
+    The worker task only serves: with no data from the coordinator for
+    the bound, its traffic watch ends it with the line and exit 4.
+    """
     log_root = tmp_path / "log"
     cluster = ["--ps_hosts=10.78.0.1:24000", "--worker_hosts=10.78.0.2:24001"]
-    tasks = [
-        subprocess.Popen(
-            [
-                *nodes.enter(node),
-                sys.executable,
-                WORKER,
-                f"--dump_dir={log_root}_dump",
-                f"--job_name={job}",
-                "--task_index=0",
-                *cluster,
-            ],
-            env=nodes.env(),
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for node, job in (("node1", "ps"), ("node2", "worker"))
-    ]
+    task_flags = [f"--log_root={log_root}", f"--peer_timeout_secs={BOUND}"]
+    ps = subprocess.Popen(
+        [*nodes.enter("node1"), sys.executable, WORKER, "--job_name=ps",
+         "--task_index=0", *cluster, *task_flags],
+        env=nodes.env(), cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    worker = start_on(
+        nodes, "node2", sys.executable, WORKER, "--job_name=worker",
+        "--task_index=0", *cluster, *task_flags,
+    )  # fmt: skip
     coordinator = start_on(
         nodes, "node1", sys.executable, WORKER, f"--dump_dir={log_root}_dump",
         "--distribution=parameter_server", *cluster,
@@ -405,8 +403,9 @@ def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
     try:
         lines, cut_at = cut_after(coordinator, nodes, 12)
         output, took = end_of(coordinator, lines, cut_at)
+        served, worker_took = end_of(worker, [], cut_at)
     finally:
-        for task in tasks:
+        for task in (ps, worker, coordinator):
             task.kill()
             task.wait()
     assert coordinator.returncode == 4, output[-3000:]
@@ -417,4 +416,14 @@ def test_a_cut_link_ends_a_parameter_server_coordinator_within_the_bound(
     assert found, output[-3000:]
     assert f"--peer_timeout_secs={BOUND}" in found[2]
     assert int(found[1]) >= 12 and int(found[4]) >= 10, found[0]
+    # The worker: its own bound after the last data it received.
+    assert worker.returncode == 4, served[-3000:]
+    assert worker_took < BOUND + 30, f"{worker_took:.0f} s\n{served[-3000:]}"
+    worker_line = served.strip().splitlines()[-1]
+    assert worker_line.startswith(
+        "resnet_main: error: lost a task of the training cluster (no data "
+        "from the coordinator or another task for --peer_timeout_secs="
+        f"{BOUND} s: a peer is gone, cut off or frozen; waiting on the "
+        f"coordinator); the newest complete checkpoint is {log_root}/ckpt-"
+    ), served[-3000:]
     assert_resumes(nodes, synthetic_cifar, log_root, found[3])

@@ -26,11 +26,23 @@ command resumes.
 The end comes from the C library, not from Python (`_ExitTimers`): the
 thread that waits on the peers is in a collective that neither Python nor
 TensorFlow can interrupt, and may hold the GIL while it waits.
+
+A process that only serves (a parameter-server cluster's ps and worker
+tasks) has no steps: what shows its coordinator is there is traffic on
+its TCP connections, which training keeps busy (each step is a function
+the coordinator runs on a worker, reading and updating the variables on
+the ps). `watch_traffic` marks progress whenever one of them received
+data, so a server whose coordinator is gone, cut off or frozen for the
+bound ends the same way, instead of serving until killed.
 """
 
 import ctypes
 import os
 import re
+import socket
+import struct
+import threading
+import time
 
 # resnet_main.py's exit code of a lost peer (a task of the cluster gone or
 # silent): the Slurm jobs of scripts/ requeue on it
@@ -102,10 +114,13 @@ class PeerWatch:
     line (a few microseconds).
     """
 
-    def __init__(self, bound_secs, peers, log_root):
+    def __init__(
+        self, bound_secs, peers, log_root, silence="no step, evaluation or save"
+    ):
         self.bound_secs = bound_secs
         self.peers = peers
         self.log_root = log_root
+        self.silence = silence  # What did not happen, for the line.
         self.step = None
         self._checkpoint = None
         self._timers = None
@@ -132,8 +147,8 @@ class PeerWatch:
             self.step,
             self.peers,
             self._checkpoint,
-            f"no step, evaluation or save for --peer_timeout_secs="
-            f"{self.bound_secs:g} s: a peer is gone, cut off or frozen",
+            f"{self.silence} for --peer_timeout_secs={self.bound_secs:g} s: "
+            "a peer is gone, cut off or frozen",
         )
 
     def __enter__(self):
@@ -146,6 +161,65 @@ class PeerWatch:
         if self._timers is not None:
             self._timers.close()
             self._timers = None
+
+
+# Linux's `struct tcp_info`: the state (first byte; 1 is ESTABLISHED) and
+# `tcpi_last_data_recv`, milliseconds since data last arrived.
+_TCP_INFO_BYTES = 104
+_ESTABLISHED = 1
+_LAST_DATA_RECV_AT = 52
+
+
+def last_received_secs():
+    """Seconds since this process's TCP connections last received data.
+
+    None with no connection established. Read with `TCP_INFO` from this
+    process's own sockets (`/proc/self/fd`): the connections TensorFlow's
+    gRPC server accepted and opened.
+    """
+    ages = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(int(name))) as sock:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (
+                    socket.AF_INET,
+                    socket.AF_INET6,
+                ):
+                    continue
+                info = sock.getsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES
+                )
+        except OSError:  # Closed meanwhile, or not a TCP socket.
+            continue
+        if info[0] == _ESTABLISHED:
+            ages.append(struct.unpack_from("I", info, _LAST_DATA_RECV_AT)[0])
+    return min(ages) / 1e3 if ages else None
+
+
+def watch_traffic(watch, every_secs=1.0):
+    """Marks `watch` whenever this process's connections received data.
+
+    A daemon thread, polling `last_received_secs` every `every_secs`; the
+    watch's own timers end the process when the marks stop.
+    """
+
+    def poll():
+        newest = None
+        while True:
+            time.sleep(every_secs)
+            age = last_received_secs()
+            if age is None:
+                continue
+            received = time.monotonic() - age
+            if newest is None or received > newest + 1e-3:
+                newest = received
+                watch.mark()
+
+    threading.Thread(
+        target=poll, name="peer-watch-traffic", daemon=True
+    ).start()
 
 
 class _Sigevent(ctypes.Structure):

@@ -262,8 +262,9 @@ class DistributionConfig:
     )
     job_name: str | None = setting(
         None,
-        "This process's task: ps and worker serve until killed; chief "
-        "(default) trains.",
+        "This process's task: ps and worker serve (until killed, or until "
+        "no data reached them for --peer_timeout_secs); chief (default) "
+        "trains.",
         choices=("chief", *detect.SERVER_JOBS),
     )
     task_index: int = setting(

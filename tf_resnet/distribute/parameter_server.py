@@ -16,9 +16,11 @@ every other mode; more workers make the steps finish sooner.
 
 The `ps` and `worker` tasks are plain servers: `resnet_main.py
 --job_name=ps|worker` (or a `TF_CONFIG` naming that task) runs
-`run_server`, which never returns. They must be separate processes (a
-cluster of in-process servers hangs). `python -m tf_resnet.launch.ps`
-starts a whole cluster on one machine.
+`run_server`, which serves until its process ends: killed, or, when no
+data has reached it for `--peer_timeout_secs` (its coordinator gone, cut
+off or frozen), by `peer_watch` with exit code 4. They must be separate
+processes (a cluster of in-process servers hangs). `python -m
+tf_resnet.launch.ps` starts a whole cluster on one machine.
 """
 
 import functools
@@ -28,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from tf_resnet import peer_watch
 from tf_resnet.detect import SERVER_JOBS, is_server_task, read_tf_config
 from tf_resnet.distribute import base
 from tf_resnet.errors import UserInputError
@@ -127,8 +130,16 @@ def server_task(ps_hosts=(), worker_hosts=(), job_name="", task_index=0):
     return cluster_resolver(ps_hosts, worker_hosts, job_name, task_index)
 
 
-def run_server(resolver):
-    """Serves this ps or worker task until the process is killed."""
+def run_server(resolver, bound_secs, log_root):
+    """Serves this ps or worker task until its coordinator is gone.
+
+    Args:
+      resolver: this task's cluster resolver (`server_task`).
+      bound_secs: `--peer_timeout_secs`: with no data received for that
+        long, the process ends with the lost-peer line and exit code 4
+        (`peer_watch.watch_traffic`), instead of serving until killed.
+      log_root: the run directory, for the line's checkpoint.
+    """
     # TensorFlow's recommendation for ps/worker tasks: let the caller (the
     # coordinator) decide how to handle an unreachable peer, so it can wait
     # for a restarted worker instead of the worker giving up.
@@ -146,14 +157,22 @@ def run_server(resolver):
         resolver.task_id,
         server.target,
     )
-    server.join()
+    with peer_watch.PeerWatch(
+        bound_secs,
+        "the coordinator",
+        log_root,
+        silence="no data from the coordinator or another task",
+    ) as watch:
+        peer_watch.watch_traffic(watch)
+        server.join()
 
 
-def serve(dist):
-    """Serves until killed if this process is a ps or worker task.
+def serve(dist, log_root):
+    """Serves if this process is a ps or worker task (`run_server`).
 
     Args:
       dist: the `settings.DistributionConfig`.
+      log_root: the run directory (`--log_root`).
 
     Returns:
       False for the coordinator (and any process outside a ps cluster).
@@ -161,7 +180,7 @@ def serve(dist):
     resolver = server_task(**dist.cluster)
     if resolver is None:
         return False
-    run_server(resolver)
+    run_server(resolver, dist.peer_timeout_secs, log_root)
     return True
 
 

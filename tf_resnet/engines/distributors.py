@@ -50,14 +50,15 @@ def make_distributor(engine, optim, config, devices=None):
     return _call(engine, make, optim, config, devices)
 
 
-def serve(engine, config):
-    """Serves until killed if this process is only a server task of `engine`.
+def serve(engine, config, log_root):
+    """Serves if this process is only a server task of `engine`.
 
     Args:
       engine: the `Engine` start-up resolved (`Started.engine`).
       config: the `settings.DistributionConfig`.
+      log_root: the run directory (`--log_root`).
 
     Returns:
       True after serving; False for a process that trains (or evaluates).
     """
-    return bool(engine.serve and _call(engine, engine.serve, config))
+    return bool(engine.serve and _call(engine, engine.serve, config, log_root))

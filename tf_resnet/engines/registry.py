@@ -153,8 +153,8 @@ class Engine:
         replicas in one process.
       needs: what it imports that a requirement set may lack (`Needs`).
       without_needs: what to run instead where `needs` is missing.
-      serve: `(dist) -> bool`: serves until killed and returns True when
-        this process is only a server task.
+      serve: `(dist, log_root) -> bool`: serves until the process ends
+        and returns True when this process is only a server task.
       averaging: `(optim, dist, devices)`: the `averaging` distributor
         over this engine's all-reduce, for the engines that carry it.
       rides_on: `(dist) -> (Engine, why)`: the engine whose all-reduce
