@@ -435,6 +435,8 @@ def test_launcher_flags_and_the_original_spelling():
         (["--num_workers=0", "--"], "--num_workers must be at least 1"),
         (["--num_workers=2", "--max_failures=-1", "--"],
          "--max_failures must be at least 0"),
+        (["--num_workers=2", "--", "--peer_timeout_secs=0"],
+         "--peer_timeout_secs must be positive, got 0.0"),
         (["--num_workers=2"], "no --"),
     ],
 )  # fmt: skip
@@ -481,6 +483,42 @@ def test_failures_name_each_worker_and_the_exit_code():
     assert launcher.last_exit_code([(0, 137, "")], lost_a_peer=True) == 137
     # A worker's own exit 1 stays its own, after a lost peer too.
     assert launcher.last_exit_code([(0, 1, "")], lost_a_peer=True) == 1
+
+
+def test_ray_train_waits_on_a_node_no_longer_than_the_bound():
+    start, health = "START_TIMEOUT_S", "HEALTH_CHECK_TIMEOUT_S"
+    defaults = {start: 60.0, health: 600.0}
+    assert launcher.bounded_waits(30.0, {}, defaults) == {
+        start: 30.0,
+        health: 30.0,
+    }
+    # Ray's default when it is the shorter; the user's value always.
+    assert launcher.bounded_waits(300.0, {}, defaults) == {health: 300.0}
+    assert launcher.bounded_waits(30.0, {start: "90"}, defaults) == {
+        health: 30.0
+    }
+    assert launcher.bounded_waits(900.0, {}, defaults) == {}
+
+
+@requires_ray
+def test_the_bound_after_dashes_sets_ray_trains_timeouts(monkeypatch, capsys):
+    start = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+    health = "RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S"
+    monkeypatch.delenv(start, raising=False)
+    monkeypatch.setenv(health, "45")
+    launcher.bound_ray_train(["--model=x", "--peer_timeout_secs=30"])
+    assert (os.environ[start], os.environ[health]) == ("30", "45")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        f"launch.ray: {start}=30 (Ray Train's default 60): no wait on a "
+        "node outlasts --peer_timeout_secs=30; set the variable to choose "
+        "another"
+    ]
+    # resnet_main's default bound (300 s) leaves Ray's 60 s start timeout.
+    monkeypatch.delenv(start)
+    monkeypatch.delenv(health)
+    launcher.bound_ray_train(["--model=x"])
+    assert start not in os.environ and os.environ[health] == "300"
 
 
 def test_launcher_imports_neither_ray_nor_tensorflow():

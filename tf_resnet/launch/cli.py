@@ -119,14 +119,19 @@ def _read_flags(main_flags):
     unknown here).
 
     Raises:
-      flags.Error, ValueError: a bad value of a read flag, a flagfile that
-        cannot be read.
+      flags.Error, ValueError: a bad value of a read flag (outside its
+        setting's bounds too: a launcher uses it), a flagfile that cannot
+        be read.
     """
     values = flags.FlagValues()
-    for field in settings.fields():
-        if field.name in READ_FLAGS:
-            resnet_flags.define(field, values)
+    read = [f for f in settings.fields() if f.name in READ_FLAGS]
+    for field in read:
+        resnet_flags.define(field, values)
     values(["main", *main_flags], known_only=True)
+    for field in read:
+        bounds, value = field.metadata["bounds"], values[field.name].value
+        if bounds is not None and value not in bounds:
+            raise ValueError(f"--{field.name} must be {bounds}, got {value}")
     return values
 
 
@@ -141,5 +146,8 @@ def given_flag(main_flags, name):
 
 
 def flag_value(main_flags, name):
-    """`--name` (one of `READ_FLAGS`) for `--main`, given or by default."""
+    """The value `--main` runs with for `--name` (one of `READ_FLAGS`).
+
+    The given one, or else the script's default, read as `given_flag`.
+    """
     return _read_flags(main_flags)[name].value

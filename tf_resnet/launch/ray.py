@@ -37,6 +37,10 @@ diverged training) would only repeat, so they end the run at once. Ray
 Train 2.60's own `FailureConfig(max_failures)` retries every worker error
 alike, hence each attempt runs with `max_failures=0` and the launcher
 decides. The exit code is the failed worker's (0 when all finished).
+Ray Train's own waits on the cluster's nodes end within the workers'
+`--peer_timeout_secs` too (`bound_ray_train`): a retry that cannot
+start after a lost node fails within the bound, not Ray Train's longer
+defaults.
 
 Like the other launchers, this module imports no TensorFlow (`launch`'s
 docstring says what it imports) and no Ray until `main` runs; Ray is
@@ -259,6 +263,63 @@ def check_resources(ray, args):
     return None
 
 
+def bounded_waits(bound, environ, ray_defaults):
+    """The Ray Train waits that the launcher bounds by `--peer_timeout_secs`.
+
+    Ray counts a node whose link is cut alive until its GCS health check
+    gives up on it, and places a worker of the retry that follows the
+    lost peer there: that retry's group never starts, and Ray Train waits
+    its worker-group start timeout for it, even after Ray drops the node
+    (the placement waits on the cut node's answer; docs/reliability.md
+    has the times). A worker left with no peer to end it (every worker on
+    the cut node) is waited for by Ray Train's worker health check. Each
+    is a wait on a silent node, which the bound of a worker waiting on a
+    silent peer already limits: it becomes the shorter of Ray's default
+    and the bound. A value the user set stays theirs: the environment
+    variable is the knob Ray Train's own error names for it.
+
+    Args:
+      bound: the workers' `--peer_timeout_secs`.
+      environ: the launcher's environment.
+      ray_defaults: `{Ray Train's environment variable: its default secs}`.
+
+    Returns:
+      `{environment variable: seconds}` to set: those `environ` lacks
+      whose default exceeds the bound.
+    """
+    return {
+        name: bound
+        for name, default in ray_defaults.items()
+        if name not in environ and default > bound
+    }
+
+
+def bound_ray_train(main_flags):
+    """Sets Ray Train's waits on nodes from the bound (`bounded_waits`).
+
+    Before the first `fit`: the trainer passes these variables on to its
+    controller and workers. Says in one line each what it set.
+    """
+    from ray.train.v2._internal import constants
+
+    defaults = {
+        constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR: (
+            constants.DEFAULT_WORKER_GROUP_START_TIMEOUT_S
+        ),
+        constants.WORKER_HEALTH_CHECK_TIMEOUT_S_ENV_VAR: (
+            constants.DEFAULT_WORKER_HEALTH_CHECK_TIMEOUT_S
+        ),
+    }
+    bound = cli.flag_value(main_flags, "peer_timeout_secs")
+    for name, seconds in bounded_waits(bound, os.environ, defaults).items():
+        os.environ[name] = f"{seconds:g}"
+        log(
+            f"{name}={seconds:g} (Ray Train's default {defaults[name]:g}): "
+            f"no wait on a node outlasts --peer_timeout_secs={bound:g}; "
+            "set the variable to choose another"
+        )
+
+
 def make_trainer(args, train, tensorflow):
     """One attempt: the `TensorflowTrainer` of all workers, no Ray retries."""
     log_root = cli.given_flag(args.main_flags, "log_root")
@@ -449,6 +510,7 @@ def main(argv=None):
             return 2
         from ray.train import tensorflow
 
+        bound_ray_train(args.main_flags)
         return run(ray, train, tensorflow, args)
     finally:
         with contextlib.suppress(Exception):
