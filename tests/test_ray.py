@@ -476,13 +476,13 @@ def test_failures_name_each_worker_and_the_exit_code():
     assert launcher.exit_code_of(found) == 4
     assert launcher.exit_code_of([(0, 4, ""), (1, 137, "")]) == 137
     assert launcher.exit_code_of([(0, None, "")]) == 1
-    # A retry that cannot start its workers after a lost peer: still 4.
+    # A retry that cannot start its workers after a lost peer ends the
+    # run (with 4); any worker's own code, or no lost peer before, not.
     gone = [(None, None, "the worker group startup timed out")]
-    assert launcher.last_exit_code(gone, lost_a_peer=True) == 4
-    assert launcher.last_exit_code(gone, lost_a_peer=False) == 1
-    assert launcher.last_exit_code([(0, 137, "")], lost_a_peer=True) == 137
-    # A worker's own exit 1 stays its own, after a lost peer too.
-    assert launcher.last_exit_code([(0, 1, "")], lost_a_peer=True) == 1
+    assert launcher.could_not_restart(gone, lost_a_peer=True)
+    assert not launcher.could_not_restart(gone, lost_a_peer=False)
+    assert not launcher.could_not_restart([(0, 137, "")], lost_a_peer=True)
+    assert not launcher.could_not_restart([(0, 1, "")], lost_a_peer=True)
 
 
 def test_ray_train_waits_on_a_node_no_longer_than_the_bound():

@@ -229,18 +229,18 @@ def exit_code_of(found):
     return (causes or codes or [1])[0]
 
 
-def last_exit_code(found, lost_a_peer):
-    """The launcher's exit code when its last attempt failed with `found`.
+def could_not_restart(found, lost_a_peer):
+    """Whether an attempt after a lost peer failed before any worker ran.
 
-    An attempt that follows a lost peer (an earlier one ended 4) often
-    fails with no worker's code at all: Ray has not yet declared the
-    cut-off node dead and the workers cannot all start. That is the same
-    loss, and a batch script should retry on other nodes: 4, not the 1
-    of `exit_code_of`. A worker's own code, even 1, is kept.
+    Such an attempt (`found` holds no worker's exit code: Ray Train's
+    worker-group start timed out) had a worker placed on a node Ray still
+    counts alive, the cut-off one: Ray drops it only after its health
+    check (about a minute by default), and what the failed placements
+    held is freed later still. Each further restart would wait out the
+    start timeout again, past the bound, so the launcher ends the run
+    then with 4, the same loss: a batch script retries on other nodes.
     """
-    if lost_a_peer and not any(code for _, code, _ in found):
-        return peer_watch.LOST_PEER
-    return exit_code_of(found)
+    return lost_a_peer and not any(code for _, code, _ in found)
 
 
 def check_resources(ray, args):
@@ -408,17 +408,20 @@ def run(ray, train, tensorflow, args):
                     "a restart would fail the same way, none is tried"
                 )
                 return code
-            if restarts >= args.max_failures:
-                code = last_exit_code(found, lost_a_peer)
-                lost = (
-                    " after losing a peer"
-                    if code == peer_watch.LOST_PEER
-                    else ""
-                )
+            if could_not_restart(found, lost_a_peer):
                 log(
-                    f"error: the workers failed{lost} and no restart is "
-                    f"left (--max_failures={args.max_failures}); rerun the "
-                    "same command to resume from the last checkpoint in "
+                    "error: the workers could not start again after losing "
+                    "a peer (Ray still counts the lost node); rerun the same "
+                    "command when the nodes are back, or on others, to "
+                    "resume from the last checkpoint in "
+                    f"--log_root={log_root}"
+                )
+                return peer_watch.LOST_PEER
+            if restarts >= args.max_failures:
+                log(
+                    "error: the workers failed and no restart is left "
+                    f"(--max_failures={args.max_failures}); rerun the same "
+                    "command to resume from the last checkpoint in "
                     f"--log_root={log_root}"
                 )
                 return code
