@@ -404,14 +404,20 @@ class SlurmCluster:
         )
         self._start_on(host, ["slurmd", "-D", "-f", self.conf])
 
-    def wait_for_node(self, host, state, timeout):
-        """Waits for `host` to be in `state` (sinfo's, e.g. idle)."""
+    def wait_for_node(self, host, states, timeout):
+        """Waits for `host` to be in one of `states` (`scontrol show
+        node`'s State, e.g. IDLE: its own part of every job ended)."""
+        seen = [""]
 
         def there():
-            command = ["sinfo", "-h", "-n", host, "-o", "%T"]
-            return self.run(command).stdout.strip() == state
+            record = self.run(["scontrol", "-o", "show", "node", host]).stdout
+            seen.append(re.search(r"\bState=(\S*)", record)[1])
+            return seen[-1] in states
 
-        _wait_for(there, timeout, f"{host} {state}")
+        try:
+            _wait_for(there, timeout, f"{host} in {states}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; last {seen[-1]!r}") from None
 
     def job(self, job_id):
         """`scontrol show job` as a dict (empty once Slurm forgot the job)."""

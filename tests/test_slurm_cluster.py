@@ -546,13 +546,18 @@ def test_a_job_requeued_while_its_node_was_lost_gets_its_gpus_back(
     os.kill(slurmd, signal.SIGSTOP)
     try:
         cluster.run(["scontrol", "requeue", job])
-        # node2 the last node of the job to end, as a lost node is.
-        cluster.wait_for_node("node1", "idle", 60)
+        # node2 the last node of the job to end, as a lost node is: node1
+        # ends its part by KillWait (30 s; srun waits for node2 as long).
+        cluster.wait_for_node("node1", ("IDLE",), 120)
         cluster.run(["scontrol", "update", "nodename=node2", "state=down",
                      "reason=lost"])  # fmt: skip
     finally:
         os.kill(slurmd, signal.SIGCONT)
-    cluster.run(["scontrol", "update", "nodename=node2", "state=resume"])
+    # As an administrator would; ReturnToService may have come first.
+    cluster.run(
+        ["scontrol", "update", "nodename=node2", "state=resume"], check=False
+    )
+    cluster.wait_for_node("node2", ("IDLE", "MIXED", "ALLOCATED"), 60)
     try:
         record = cluster.wait(job, JOB_TIMEOUT)
         text = output_of(tmp_path)
