@@ -47,7 +47,8 @@
 #   HOROVOD_FLAGS  sync task, horovod: extra horovodrun flags
 #                (e.g. "--network-interface ib0")
 #   MAX_REQUEUES Slurm: how often a job whose step lost a task (a node gone:
-#                exit 4) requeues itself (default 2)
+#                exit 4), or that Slurm started without its GPUs, requeues
+#                itself (default 2)
 #   MW_PORT      sync task, multi_worker: task i listens on MW_PORT + i
 #                (default: the job's base port, see job_port in
 #                tf_resnet/jobs/allocation.py)
@@ -280,6 +281,24 @@ plan_task() {
   SERVER_ADDRESSES=${PLAN[3]}
   SERVER_LAUNCH=("${PLAN[@]:5:${PLAN[4]}}")
   PLAN=("${PLAN[@]:5+${PLAN[4]}}")
+  requeue_without_gpus
+}
+
+# Slurm 21.08 to 23.02.1 may start a requeued job without the GPUs it asked
+# for (docs/reliability.md), and then no job step that needs them starts:
+# such a job requeues itself once more, which gets them, counted among
+# MAX_REQUEUES; past those it ends here with an error line.
+requeue_without_gpus() {
+  local code=0
+  batch_job without_gpus || code=$?
+  case $code in
+    0)
+      requeue_job
+      exit 0
+      ;;
+    1) ;;
+    *) exit 1 ;;
+  esac
 }
 
 # A single-node task: one resnet_main.py process on the node's GPUs.

@@ -383,6 +383,19 @@ class SlurmCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
 
+    def daemon_pid(self, host, name):
+        """The pid of the process `name` (its /proc comm, e.g. slurmd) on
+        `host`, or None."""
+        pids = _run("ip", "netns", "pids", self.namespace(host), check=False)
+        for pid in pids.stdout.split():
+            with (
+                contextlib.suppress(OSError),
+                open(f"/proc/{pid}/comm") as stream,
+            ):
+                if stream.read().strip() == name:
+                    return int(pid)
+        return None
+
     def start_node(self, host):
         """Starts a compute node's sshd and slurmd (again, after
         `kill_node`)."""
@@ -390,6 +403,21 @@ class SlurmCluster:
             host, ["/usr/sbin/sshd", "-D", "-f", "/etc/ssh/sshd_config"]
         )
         self._start_on(host, ["slurmd", "-D", "-f", self.conf])
+
+    def wait_for_node(self, host, states, timeout):
+        """Waits for `host` to be in one of `states` (`scontrol show
+        node`'s State, e.g. IDLE: its own part of every job ended)."""
+        seen = [""]
+
+        def there():
+            record = self.run(["scontrol", "-o", "show", "node", host]).stdout
+            seen.append(re.search(r"\bState=(\S*)", record)[1])
+            return seen[-1] in states
+
+        try:
+            _wait_for(there, timeout, f"{host} in {states}")
+        except TimeoutError as error:
+            raise TimeoutError(f"{error}; last {seen[-1]!r}") from None
 
     def job(self, job_id):
         """`scontrol show job` as a dict (empty once Slurm forgot the job)."""

@@ -430,6 +430,56 @@ def test_a_lost_task_requeues_a_slurm_job_a_few_times(restarts, requeue, line):
     assert status.requeue_after_lost_task(env) == (False, None)
 
 
+# `scontrol show job -d` of a 2-node job that asked for 2 GPUs a node
+# (Slurm 22.05.8), the lines that matter: as Slurm started it, and as it
+# restarted it after a requeue while a node was lost (docs/reliability.md).
+GRANTED = """\
+   JOB_GRES=gpu:4
+     Nodes=node[1-2] CPU_IDs=31 Mem=0 GRES=gpu:2(IDX:0-1)
+   TresPerNode=gres:gpu:2
+"""
+NOT_GRANTED = """\
+   JOB_GRES=(null)
+     Nodes=node[1-2] CPU_IDs=31 Mem=0 GRES=
+   TresPerNode=gres:gpu:2
+"""
+
+
+@pytest.mark.parametrize(
+    "record, without",
+    [
+        (GRANTED, False),
+        (NOT_GRANTED, True),
+        (
+            NOT_GRANTED.replace("TresPerNode=gres:gpu", "TresPerJob=gres:gpu"),
+            True,
+        ),
+        # No GPUs asked for: none to miss.
+        (NOT_GRANTED.replace("   TresPerNode=gres:gpu:2\n", ""), False),
+        (NOT_GRANTED.replace("gres:gpu:2", "gres:shard:2"), False),
+    ],
+)
+def test_a_job_started_without_the_gpus_it_asked_for_is_found(record, without):
+    assert status.started_without_gpus(record) == without
+
+
+@pytest.mark.parametrize(
+    "restarts, requeue, line",
+    [
+        ("1", True, "requeueing, restart 2 of at most 2"),
+        ("2", False, "restarted 2 times already (MAX_REQUEUES=2)"),
+    ],
+)
+def test_a_requeued_job_without_its_gpus_requeues_again(
+    restarts, requeue, line
+):
+    env = slurm(SLURM_RESTART_COUNT=restarts)
+    found, text = status.requeue_without_gpus(env, NOT_GRANTED)
+    assert found == requeue and line in text
+    assert "without the GPUs it asked for" in text
+    assert status.requeue_without_gpus(env, GRANTED) == (False, None)
+
+
 @pytest.mark.parametrize(
     "env, gpus",
     [

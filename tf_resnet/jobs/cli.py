@@ -6,6 +6,7 @@ package's docstring for the protocol.
 """
 
 import os
+import subprocess
 import sys
 
 from tf_resnet.jobs import allocation, status, tasks
@@ -73,6 +74,33 @@ def _lost_task(env):
     return 0 if requeue else 1
 
 
+def _without_gpus(env):
+    """Whether a requeued Slurm job must requeue itself again.
+
+    Exit 0: Slurm started it without its GPUs (a Slurm bug,
+    `status.started_without_gpus`), so it requeues itself; 1: it has
+    them, or is no requeued Slurm job; 2, with an error line: without
+    them, and restarted MAX_REQUEUES times.
+    """
+    restarts = value(env, "SLURM_RESTART_COUNT", "0")
+    if env["SCHEDULER"] != "slurm" or restarts == "0":
+        return 1
+    command = ["scontrol", "show", "job", "-d", env["SLURM_JOB_ID"]]
+    try:
+        record = subprocess.run(
+            command, check=True, capture_output=True, text=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as error:
+        log(f"could not check the job's GPUs ({' '.join(command)}: {error})")
+        return 1
+    requeue, line = status.requeue_without_gpus(env, record)
+    if line and not requeue:
+        raise JobError(line)
+    if line:
+        log(line)
+    return 0 if requeue else 1
+
+
 def _wait_for_servers(env, servers, *pids):
     """Exit 1 when a server is not up (the job's coordinator never runs)."""
     try:
@@ -109,6 +137,7 @@ SUBCOMMANDS = {
     "stop_report": _stop_report,  # SIGNAL NAME or ""
     "requeue_line": _requeue_line,
     "lost_task": _lost_task,  # exit 0: requeue
+    "without_gpus": _without_gpus,  # exit 0: requeue
     "stop_training": _stop_training,
     "wait_for_servers": _wait_for_servers,  # HOST:PORT,... PID...
 }

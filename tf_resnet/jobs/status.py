@@ -129,22 +129,60 @@ def requeue_after_lost_task(env):
     """`(requeue?, line)` for a step that lost a task (exit 4).
 
     A lost node or process is what a requeue fixes, from the last
-    checkpoint, up to MAX_REQUEUES times (default 2) per job; only Slurm
-    requeues (`line` is None under PBS).
+    checkpoint (`requeue_within_bound`); only Slurm requeues (`line` is
+    None under PBS).
     """
     if env["SCHEDULER"] != "slurm":
         return False, None
+    return requeue_within_bound(env, "a task lost its peers (exit 4)")
+
+
+def started_without_gpus(record):
+    """Whether Slurm started the job without the GPUs it asked for.
+
+    `record` is `scontrol show job -d`'s: a request for GPUs
+    (`TresPerNode=gres:gpu:2`, or per job, socket or task) and no GRES in
+    the allocation (`JOB_GRES=(null)`). Slurm 21.08 to 23.02.1 may start a
+    requeued job so, and then no job step that needs the GPUs starts
+    (docs/reliability.md); a job that starts again gets them.
+    """
+    asked = re.search(r"\bTresPer(?:Job|Node|Socket|Task)=\S*\bgpu\b", record)
+    granted = re.search(r"\bJOB_GRES=(\S*)", record)
+    return bool(asked and granted and granted[1] == "(null)")
+
+
+def requeue_without_gpus(env, record):
+    """`(requeue?, line)` for a requeued Slurm job and its `record`.
+
+    `line` is None where it has its GPUs (`started_without_gpus`); else
+    it requeues itself (`requeue_within_bound`).
+    """
+    if not started_without_gpus(record):
+        return False, None
+    return requeue_within_bound(
+        env,
+        "Slurm started this requeued job without the GPUs it asked for "
+        "(JOB_GRES=(null): a bug of Slurm 21.08 to 23.02.1, which leaves "
+        "them counted as used until `scontrol reconfigure`; see "
+        "docs/reliability.md)",
+    )
+
+
+def requeue_within_bound(env, what):
+    """`(requeue?, line)` after `what` went wrong in a Slurm job.
+
+    A job requeues itself up to MAX_REQUEUES times (default 2), counted
+    by Slurm's SLURM_RESTART_COUNT whatever made it requeue: past those,
+    the cause is most likely not one that a requeue fixes.
+    """
     restarts = int(value(env, "SLURM_RESTART_COUNT", "0"))
     most = value(env, "MAX_REQUEUES", "2")
     if restarts >= int(most):
         return False, (
-            f"a task lost its peers again; restarted {restarts} times already "
+            f"{what}; restarted {restarts} times already "
             f"(MAX_REQUEUES={most}): not requeueing"
         )
-    return True, (
-        f"a task lost its peers (exit 4): requeueing, restart {restarts + 1} "
-        f"of at most {most}"
-    )
+    return True, f"{what}: requeueing, restart {restarts + 1} of at most {most}"
 
 
 def _children():
