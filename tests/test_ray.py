@@ -187,12 +187,13 @@ def test_killed_actors_and_a_failed_resnet_main(
         "--max_failures=0",
     )
     try:
-        # No restart left: killed after its first step.
-        wait_for(lambda: read(root / "stopped" / "pid_rank1.txt"))
-        kill_actor(root / "stopped", 1)
-        # One restart: killed once the chief wrote its first checkpoint.
+        # One restart: killed once the chief wrote its first checkpoint,
+        # first, while the run of STEPS steps is still short of its end.
         wait_for(lambda: read(root / "resumed" / "saves_rank0.txt"))
         kill_actor(root / "resumed", 1)
+        # No restart left: killed after its first step (it runs for good).
+        wait_for(lambda: read(root / "stopped" / "pid_rank1.txt"))
+        kill_actor(root / "stopped", 1)
     except BaseException:
         for process, _ in (resumed, stopped):
             os.killpg(process.pid, signal.SIGKILL)
@@ -223,6 +224,7 @@ def check_the_workers_restart_from_the_last_checkpoint(root, code, output):
     assert len(resumed) == 2 and len(set(resumed)) == 1, output[-5000:]
     step = int(resumed[0][1])
     assert resumed[0][0] == str(step) and step >= 5
+    assert step < STEPS, f"the kill came after the last step\n{output[-5000:]}"
     saves = [
         int(line.rsplit("-", 1)[1])
         for line in read(root / "resumed" / "saves_rank0.txt").split()
