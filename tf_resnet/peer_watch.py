@@ -168,6 +168,10 @@ class PeerWatch:
 _TCP_INFO_BYTES = 104
 _ESTABLISHED = 1
 _LAST_DATA_RECV_AT = 52
+# The kernel counts `tcpi_last_data_recv` in jiffies (1-10 ms), so two
+# readings of one arrival may place it up to that far apart: only a time
+# later than this is new data.
+_RECV_CLOCK_SLACK_SECS = 0.05
 
 
 def last_received_secs():
@@ -213,7 +217,7 @@ def watch_traffic(watch, every_secs=1.0):
             if age is None:
                 continue
             received = time.monotonic() - age
-            if newest is None or received > newest + 1e-3:
+            if newest is None or received > newest + _RECV_CLOCK_SLACK_SECS:
                 newest = received
                 watch.mark()
 
