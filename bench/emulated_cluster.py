@@ -10,10 +10,13 @@ comes through the hub's end of its veth.
     hub     10.79.0.1    bridge br0
     nodeI   10.79.0.1I   eth0 (veth on br0), rate-shaped both ways
 
-Only rate is emulated. Latency is not: this kernel has no `netem` qdisc
-(CONFIG_NET_SCH_NETEM is off), and for gradient-sized messages the
-bandwidth term dominates; the all-reduce fit measures the latency the
-software stack has (bench/results/network_scaling.md).
+Latency is optional (`delay`). This kernel has no `netem` qdisc
+(CONFIG_NET_SCH_NETEM is off), so a node's received packets are held in
+user space instead (`link_delay`, through netfilter's queue): on the
+receiving side, after the packets crossed the veth, so the sender's TCP
+does not count them as its own queued bytes (it would throttle itself,
+as it does under `netem` on the sending side). Without it, the links
+have the latency the software stack has.
 
 Nothing here routes anywhere else: the namespaces have only their own
 addresses, so every byte stays on this machine. Needs root (`ip netns`).
@@ -25,11 +28,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import time
 
 SUBNET = "10.79.0"
 PREFIX = "tfrnet"  # Namespace names: tfrnet-hub, tfrnet-node0, ...
 HUB = f"{PREFIX}-hub"
 HUB_ADDRESS = f"{SUBNET}.1"
+# What a node receives goes to netfilter queue 0, where `link_delay` holds
+# it: the rule, added (-A) or deleted (-D) in this table.
+QUEUE_TABLE = ["iptables-legacy", "-t", "mangle"]
+QUEUE_RULE = ["PREROUTING", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", "0"]
 
 
 def _ip(*args, check=True):
@@ -53,6 +62,8 @@ class EmulatedCluster:
         self.nodes = nodes
         self.rate_mbit = rate_mbit
         self.processes = []
+        self.delayers = []
+        self.delay_ms = 0.0
 
     @staticmethod
     def namespace(node):
@@ -125,6 +136,62 @@ class EmulatedCluster:
                     check=True, capture_output=True,
                 )  # fmt: skip
 
+    def delay(self, delay_ms):
+        """Holds every packet a node receives `delay_ms` before it arrives.
+
+        A round trip between two nodes is then twice that, plus what the
+        holding costs (`round_trip_ms` measures it). Needs
+        `iptables-legacy` (`apt-get install iptables`).
+        """
+        self.stop_delayers()
+        self.delay_ms = delay_ms
+        if not delay_ms:
+            return
+        delayer = os.path.join(os.path.dirname(__file__), "link_delay.py")
+        for node in range(self.nodes):
+            subprocess.run(
+                self.command(node, [*QUEUE_TABLE, "-A", *QUEUE_RULE]),
+                check=True, capture_output=True,
+            )  # fmt: skip
+            self.delayers.append(subprocess.Popen(
+                self.command(node, [sys.executable, delayer,
+                                    f"--delay_ms={delay_ms}"]),
+                start_new_session=True,
+            ))  # fmt: skip
+        time.sleep(0.5)
+        dead = [p.args for p in self.delayers if p.poll() is not None]
+        if dead:
+            self.stop_delayers()
+            raise RuntimeError(f"emulated_cluster: a delayer ended: {dead}")
+
+    def stop_delayers(self):
+        """Ends `delay`'s holding: its processes and its rules."""
+        for process in self.delayers:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        if self.delayers:
+            for node in range(self.nodes):
+                subprocess.run(
+                    self.command(node, [*QUEUE_TABLE, "-D", *QUEUE_RULE]),
+                    check=False, capture_output=True,
+                )  # fmt: skip
+        self.delayers = []
+        self.delay_ms = 0.0
+
+    def round_trip_ms(self, count=20):
+        """Node 0's mean ping round trip to node 1, user space to user space.
+
+        `ping -U`: the kernel stamps a packet when it comes in, before
+        netfilter holds it, so plain ping would not see the delay.
+        """
+        out = subprocess.run(
+            self.command(0, ["ping", "-U", "-q", "-c", str(count), "-i",
+                             "0.05", self.address(1)]),
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        return float(out.rsplit("=", 1)[1].split("/")[1])
+
     def command(self, node, argv, cpus=None):
         """`argv` run in `node`'s namespace (None: the hub's).
 
@@ -152,6 +219,7 @@ class EmulatedCluster:
 
     def stop(self):
         self.stop_processes()
+        self.stop_delayers()
         listed = _ip("netns", "list", check=False).stdout.split()
         for name in listed:
             if name.startswith(f"{PREFIX}-"):

@@ -427,9 +427,14 @@ def calibrate(jobs, network):
     # all-reduce's cost in software alone).
     rate = UNSHAPED_MBIT if network is None else network.gbit * 1e3 / slowdown
     cluster.shape(rate)
+    latency_us = jobs.args.latency_us
+    cluster.delay(latency_us * slowdown / 1e3)
+    round_trip = cluster.round_trip_ms() if latency_us else None
     goodput = check_link(cluster)
     log(f"  {model}: CPU step {1e3 * cpu_step:.0f} ms, s = {slowdown:.1f}, "
-        f"link {rate:.1f} Mbit/s, iperf3 {goodput:.1f}")  # fmt: skip
+        f"link {rate:.1f} Mbit/s, iperf3 {goodput:.1f}"
+        + (f", one-way delay {cluster.delay_ms:.2f} ms, ping round trip "
+           f"{round_trip:.2f} ms" if latency_us else ""))  # fmt: skip
     n = reference["gradient_bytes"]
     result = {
         "model": model,
@@ -441,6 +446,9 @@ def calibrate(jobs, network):
         "slowdown": slowdown,
         "link_mbit": rate,
         "iperf3_mbit": goodput,
+        "latency_us": latency_us,
+        "delay_ms": cluster.delay_ms,
+        "round_trip_ms": round_trip,
         "gradient_bytes": n,
         "tensors": reference["tensors"],
         "state_bytes": reference["state_bytes"],

@@ -304,6 +304,7 @@ def prediction_inputs(result, known, best):
     return {
         "link_mbit": result["link_mbit"],
         "iperf3_mbit": result["iperf3_mbit"],
+        "delay_ms": result.get("delay_ms", 0.0),
         "gradient_bytes": result["gradient_bytes"],
         "bucket_bytes": result["bucket_bytes"],
         "ring_fits": {

@@ -52,7 +52,14 @@ def report_calibration(result, fits):
         f"{result['slowdown']:.1f}; link {result['link_mbit']:.1f} Mbit/s, "
         f"iperf3 goodput {result['iperf3_mbit']:.1f} Mbit/s "
         f"({100 * result['iperf3_mbit'] / result['link_mbit']:.1f}%); "
-        f"gradients {result['gradient_bytes'] / 1e6:.2f} MB",
+        + (
+            f"one-way delay {result['delay_ms']:.2f} ms "
+            f"({result['latency_us']:.0f} us from a GPU), ping round trip "
+            f"{result['round_trip_ms']:.2f} ms; "
+            if result.get("latency_us")
+            else ""
+        )
+        + f"gradients {result['gradient_bytes'] / 1e6:.2f} MB",
         "",
         "| all-reduce | size MB | measured ms | fit ms | error | CPU ms |",
         "| --- | --- | --- | --- | --- | --- |",

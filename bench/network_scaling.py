@@ -2,7 +2,8 @@
 
   .venv/bin/python bench/network_scaling.py --out=runs/network_scaling.json
 
-(as root: it makes network namespaces; `apt-get install iperf3` first.)
+(as root: it makes network namespaces; `apt-get install iperf3` first, and
+for `--latency_us`, `iptables iputils-ping`.)
 
 Nodes are network namespaces on a bridge whose links are rate-shaped in
 both directions (`emulated_cluster`); each process of a job runs in its
@@ -22,7 +23,8 @@ far slower than a GPU step, so the link is slowed by the same factor,
 ratio the GPU's. `s` is measured per model from its 1-node step.
 
 Per model it prints, and writes to `--out`:
-  * the shaped link checked with iperf3 (TCP goodput against the rate);
+  * the shaped link checked with iperf3 (TCP goodput against the rate),
+    and with `--latency_us` its ping round trip;
   * the all-reduce time against message size on 2 and 4 processes, per
     transport (Horovod's Gloo, TensorFlow's collectives), and the ring
     model `c + 2(p-1)a + 2(p-1)/p n/B` fitted to it;
@@ -62,6 +64,12 @@ def main():
                         choices=[*sorted(scaling.NETWORKS), UNSHAPED],
                         help="the network the links stand for; unshaped: "
                         "the links unlimited")  # fmt: skip
+    parser.add_argument(
+        "--latency_us", type=float, default=0.0,
+        help="one-way latency the links add, microseconds seen from a GPU: "
+        "each node holds what it receives s times as long (s: the model's "
+        "slow-down, like the rate); 0: only the software stack's",
+    )  # fmt: skip
     parser.add_argument(
         "--batch",
         default="resnet20=128,resnet56=128,resnet18=32",
@@ -106,9 +114,12 @@ def main():
     args.batch = {
         k: int(v) for k, v in (p.split("=") for p in args.batch.split(","))
     }
-    missing = emulated_cluster.missing_programs() + (
-        [] if shutil.which("iperf3") else ["iperf3"]
-    )
+    needed = ["iperf3"]
+    if args.latency_us:
+        needed += ["iptables-legacy", "ping"]
+    missing = emulated_cluster.missing_programs() + [
+        p for p in needed if not shutil.which(p)
+    ]
     if missing:
         sys.exit(f"network_scaling: needs {', '.join(missing)}")
     common.print_environment("Scaling on an emulated network")
