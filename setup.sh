@@ -330,11 +330,12 @@ last_evaluation() {
 
 install_cluster_packages() {
   # The cluster tests' real Slurm (tests/slurm_cluster.py), Open MPI (which
-  # Horovod is then built with) and Lmod: Debian's packages, as root, before
+  # Horovod is then built with), Lmod and iptables (the bench's link delay,
+  # tests/test_link_delay.py): Debian's packages, as root, before
   # the environment is made; elsewhere those tests are skipped with a reason.
   local missing=()
   for pkg in slurm-wlm munge openssh-server openssh-client iproute2 \
-    openmpi-bin libopenmpi-dev lmod; do
+    openmpi-bin libopenmpi-dev lmod iptables; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return

@@ -12,7 +12,7 @@ comes through the hub's end of its veth.
 
 Latency is optional (`delay`). This kernel has no `netem` qdisc
 (CONFIG_NET_SCH_NETEM is off), so a node's received packets are held in
-user space instead (`link_delay`, through netfilter's queue): on the
+user space instead (`link_delay.c`, through netfilter's queue): on the
 receiving side, after the packets crossed the veth, so the sender's TCP
 does not count them as its own queued bytes (it would throttle itself,
 as it does under `netem` on the sending side). Without it, the links
@@ -23,12 +23,12 @@ addresses, so every byte stays on this machine. Needs root (`ip netns`).
 """
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 SUBNET = "10.79.0"
@@ -45,6 +45,26 @@ def _ip(*args, check=True):
     return subprocess.run(
         ["ip", *args], check=check, capture_output=True, text=True
     )
+
+
+def build_delayer():
+    """The delayer (`link_delay.c`), compiled once per source into the cache.
+
+    Returns its path.
+    """
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                          "link_delay.c")  # fmt: skip
+    with open(source, "rb") as stream:
+        digest = hashlib.sha256(stream.read()).hexdigest()[:12]
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "tf-resnet")
+    binary = os.path.join(cache, f"link_delay-{digest}")
+    if not os.path.exists(binary):
+        os.makedirs(cache, exist_ok=True)
+        partial = f"{binary}.{os.getpid()}"
+        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-Wall", "-o",
+                        partial, source], check=True)  # fmt: skip
+        os.replace(partial, binary)
+    return binary
 
 
 def missing_programs():
@@ -141,21 +161,20 @@ class EmulatedCluster:
 
         A round trip between two nodes is then twice that, plus what the
         holding costs (`round_trip_ms` measures it). Needs
-        `iptables-legacy` (`apt-get install iptables`).
+        `iptables-legacy` (`apt-get install iptables`) and a C compiler.
         """
         self.stop_delayers()
         self.delay_ms = delay_ms
         if not delay_ms:
             return
-        delayer = os.path.join(os.path.dirname(__file__), "link_delay.py")
+        delayer = build_delayer()
         for node in range(self.nodes):
             subprocess.run(
                 self.command(node, [*QUEUE_TABLE, "-A", *QUEUE_RULE]),
                 check=True, capture_output=True,
             )  # fmt: skip
             self.delayers.append(subprocess.Popen(
-                self.command(node, [sys.executable, delayer,
-                                    f"--delay_ms={delay_ms}"]),
+                self.command(node, [delayer, str(delay_ms)]),
                 start_new_session=True,
             ))  # fmt: skip
         time.sleep(0.5)
@@ -163,6 +182,18 @@ class EmulatedCluster:
         if dead:
             self.stop_delayers()
             raise RuntimeError(f"emulated_cluster: a delayer ended: {dead}")
+
+    def holding_cpu_s(self):
+        """CPU seconds the delayers have used, the kernel's work for them in.
+
+        (`ip netns exec` execs the delayer: its pid is theirs.)
+        """
+        ticks = 0
+        for process in self.delayers:
+            with open(f"/proc/{process.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def stop_delayers(self):
         """Ends `delay`'s holding: its processes and its rules."""

@@ -374,7 +374,14 @@ class ModelJobs:
         self.log(f"  {self.model} {self.described(flags, extra)} on {nodes} "
                  "node(s) ...")  # fmt: skip
         spec = self.spec(flags, processes, extra)
-        return Job(self.cluster, spec, nodes).run()
+        if not self.cluster.delayers:
+            return Job(self.cluster, spec, nodes).run()
+        # What holding the packets took of the machine's cores.
+        held, start = self.cluster.holding_cpu_s(), time.monotonic()
+        run = Job(self.cluster, spec, nodes).run()
+        run["holding_cpu_s"] = self.cluster.holding_cpu_s() - held
+        run["wall_s"] = time.monotonic() - start
+        return run
 
     def twin(self, flags, extra=None):
         """Two 1-node jobs at once, one per core.
@@ -610,6 +617,9 @@ def summarise(row, runs):
             **({"process_cpu_s": [run["process_cpu_s"]
                                   for run in samples]}
                if samples[0].get("process_cpu_s") else {}),
+            **({key: [run[key] for run in samples]
+                for key in ("holding_cpu_s", "wall_s")}
+               if "holding_cpu_s" in samples[0] else {}),
         }  # fmt: skip
     return measured
 

@@ -36,6 +36,7 @@ def report(results, predictions=None):
         lines += report_ps_cpu(result, results.get("cores", 2))
         lines += report_averaging(result, fits)
         lines += report_communication(result)
+        lines += report_holding(result, results.get("cores", 2))
         lines.append("")
     return "\n".join(lines)
 
@@ -345,6 +346,32 @@ def report_averaging(result, fits):
             f"{1e3 * fitted:.0f} ms.",
         ]
     return lines
+
+
+def report_holding(result, cores):
+    """What holding the packets (the links' latency) took of the cores."""
+    shares = [
+        f"{row['name']} "
+        + ", ".join(
+            f"{100 * held / (wall * cores):.1f}%"
+            for held, wall in zip(
+                row["2"]["holding_cpu_s"], row["2"]["wall_s"], strict=True
+            )
+        )
+        for row in result["rows"]
+        if "holding_cpu_s" in row["2"]
+    ]
+    if not shares:
+        return []
+    return [
+        "",
+        "Holding the packets (the links' latency): the delayers' CPU time "
+        f"over each round's 2-node job, as a share of its time on the {cores}"
+        " cores (the kernel's work for them in; taken from the nodes' "
+        "computation, which on a real network it is not): "
+        + "; ".join(shares)
+        + ".",
+    ]
 
 
 def report_communication(result):
