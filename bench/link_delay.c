@@ -14,8 +14,9 @@
  * batch verdict lets through every packet that is due: the delays are
  * equal, so packets leave in the order they came. In C, not Python: the
  * bench's links carry thousands of packets a second, and the holding's
- * CPU time is taken from the nodes' cores (Python spent about 60 us a
- * packet). Real-time scheduling wakes it on time on a busy core.
+ * CPU time is taken from the nodes' cores (bench/results/
+ * network_scaling.md, the latency section, says how much of them each
+ * took). Real-time scheduling wakes it on time on a busy core.
  */
 #define _GNU_SOURCE /* ppoll */
 #include <arpa/inet.h>
