@@ -381,6 +381,9 @@ class ModelJobs:
         run = Job(self.cluster, spec, nodes).run()
         run["holding_cpu_s"] = self.cluster.holding_cpu_s() - held
         run["wall_s"] = time.monotonic() - start
+        dead = [p.args for p in self.cluster.delayers if p.poll() is not None]
+        if dead:  # Its node received nothing more: the job is no sample.
+            raise RuntimeError(f"a delayer ended during the job: {dead}")
         return run
 
     def twin(self, flags, extra=None):

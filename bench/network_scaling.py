@@ -3,7 +3,7 @@
   .venv/bin/python bench/network_scaling.py --out=runs/network_scaling.json
 
 (as root: it makes network namespaces; `apt-get install iperf3` first, and
-for `--latency_us`, `iptables iputils-ping`.)
+for `--latency_us`, `iptables iputils-ping` and a C compiler.)
 
 Nodes are network namespaces on a bridge whose links are rate-shaped in
 both directions (`emulated_cluster`); each process of a job runs in its
@@ -116,7 +116,7 @@ def main():
     }
     needed = ["iperf3"]
     if args.latency_us:
-        needed += ["iptables-legacy", "ping"]
+        needed += ["iptables-legacy", "ping", os.environ.get("CC", "cc")]
     missing = emulated_cluster.missing_programs() + [
         p for p in needed if not shutil.which(p)
     ]
