@@ -39,6 +39,8 @@ HUB_ADDRESS = f"{SUBNET}.1"
 # it: the rule, added (-A) or deleted (-D) in this table.
 QUEUE_TABLE = ["iptables-legacy", "-t", "mangle"]
 QUEUE_RULE = ["PREROUTING", "-i", "eth0", "-j", "NFQUEUE", "--queue-num", "0"]
+# What `delay` runs: the rule's command and the compiler of the delayer.
+DELAY_PROGRAMS = (QUEUE_TABLE[0], os.environ.get("CC", "cc"))
 
 
 def _ip(*args, check=True):
@@ -61,15 +63,21 @@ def build_delayer():
     if not os.path.exists(binary):
         os.makedirs(cache, exist_ok=True)
         partial = f"{binary}.{os.getpid()}"
-        subprocess.run([os.environ.get("CC", "cc"), "-O2", "-Wall", "-o",
+        subprocess.run([DELAY_PROGRAMS[1], "-O2", "-Wall", "-o",
                         partial, source], check=True)  # fmt: skip
         os.replace(partial, binary)
     return binary
 
 
-def missing_programs():
-    """The programs the emulated cluster needs that this machine lacks."""
-    return [p for p in ("ip", "tc", "taskset") if not shutil.which(p)]
+def missing_programs(delay=False):
+    """The programs the emulated cluster needs that this machine lacks.
+
+    With `delay`, also those of `delay` and `round_trip_ms` (ping).
+    """
+    needed = ("ip", "tc", "taskset")
+    if delay:
+        needed += (*DELAY_PROGRAMS, "ping")
+    return [p for p in needed if not shutil.which(p)]
 
 
 class EmulatedCluster:

@@ -114,12 +114,9 @@ def main():
     args.batch = {
         k: int(v) for k, v in (p.split("=") for p in args.batch.split(","))
     }
-    needed = ["iperf3"]
-    if args.latency_us:
-        needed += ["iptables-legacy", "ping", os.environ.get("CC", "cc")]
-    missing = emulated_cluster.missing_programs() + [
-        p for p in needed if not shutil.which(p)
-    ]
+    missing = emulated_cluster.missing_programs(delay=args.latency_us > 0)
+    if not shutil.which("iperf3"):
+        missing.append("iperf3")
     if missing:
         sys.exit(f"network_scaling: needs {', '.join(missing)}")
     common.print_environment("Scaling on an emulated network")

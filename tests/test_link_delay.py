@@ -19,9 +19,6 @@ from tests.helpers import ROOT
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import emulated_cluster  # noqa: E402
 
-RULE = ["iptables-legacy", "-t", "mangle", "-A", "PREROUTING", "-i", "eth0",
-        "-j", "NFQUEUE", "--queue-num", "0"]  # fmt: skip
-
 # node2 echoes; node1 times round trips of one byte, user space to user
 # space, and prints the median in milliseconds.
 ECHO = """
@@ -66,15 +63,17 @@ def round_trip_ms(nodes):
 
 @pytest.mark.skipif(bool(two_nodes.usable()), reason=two_nodes.usable())
 @pytest.mark.skipif(
-    not shutil.which("iptables-legacy") or not shutil.which("cc"),
-    reason="needs iptables-legacy and cc (apt-get install iptables gcc)",
+    not all(map(shutil.which, emulated_cluster.DELAY_PROGRAMS)),
+    reason=f"needs {' and '.join(emulated_cluster.DELAY_PROGRAMS)} "
+    "(apt-get install iptables gcc)",
 )
 def test_each_node_holds_what_it_receives_for_the_delay():
     with two_nodes.Nodes() as nodes:
         plain = round_trip_ms(nodes)
         delayers = []
         for node in ("node1", "node2"):
-            nodes.run(node, RULE)
+            nodes.run(node, [*emulated_cluster.QUEUE_TABLE, "-A",
+                             *emulated_cluster.QUEUE_RULE])  # fmt: skip
             delayers.append(subprocess.Popen(
                 [*nodes.enter(node), emulated_cluster.build_delayer(), "20"]
             ))  # fmt: skip
