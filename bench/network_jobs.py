@@ -424,8 +424,9 @@ def calibrate(jobs, network):
 
     With each transport's sweep on 2 nodes, a step's all-reduces alone
     (the gradients as the engine sends them, then the metrics), the
-    fastest of three. All before any row's job: what the rows'
-    predictions may use.
+    fastest of three, and with `--latency_us` what the delayers' holding
+    costs the cores (`network_worker.holding_probe`). All before any
+    row's job: what the rows' predictions may use.
     """
     cluster, model, log = jobs.cluster, jobs.model, jobs.log
     # The 1-node Horovod step sets the slow-down (no network in it).
@@ -465,6 +466,7 @@ def calibrate(jobs, network):
         "sweeps": {},
         "sweep_cpu_s": {},
         "step_all_reduces_s": {},
+        "holding": {},
         "rows": [],
         "prediction_sha256": [],
     }
@@ -477,6 +479,8 @@ def calibrate(jobs, network):
                 processes,
                 {"sweep": sizes, "sweep_repeats": jobs.args.sweep_repeats,
                  "step_all_reduces": processes == 2,
+                 "delayer_pids": [p.pid for p in cluster.delayers]
+                 if processes == 2 else [],
                  "steps": 1, "blocks": 1, "warmup_steps": 1},
             )  # fmt: skip
             result["sweeps"][f"{transport} {processes}"] = run["sweep"]
@@ -487,6 +491,8 @@ def calibrate(jobs, network):
                 result["step_all_reduces_s"][transport] = min(
                     run["communication_s"]
                 )
+                if "holding" in run:
+                    result["holding"][transport] = run["holding"]
     return result
 
 

@@ -189,9 +189,69 @@ def step_from_calibration(result, flags, one, knobs, gradients):
         return one + alone
     micro_batches = flags.get("accumulate_steps", 1)
     backward = traffic.BACKWARD_SHARE * one / micro_batches
+    if engine.transport.cycle_ms:  # Horovod's background thread.
+        exposed = horovod_exposed(
+            fits_of(result)[transport], knobs, gradients, backward,
+            alone - metrics,
+        )  # fmt: skip
+        return one + exposed + metrics
     _, first_ready = gradients.buckets(knobs.pack_bytes)[0]
     hidden = BUSY_CORE_SHARE * backward * (1 - first_ready)
     return one + max(0.0, alone - metrics - hidden) + metrics
+
+
+def horovod_exposed(fit, knobs, gradients, backward, alone):
+    """What of Horovod's overlapped buckets the backward pass leaves.
+
+    Horovod's background thread fuses the buckets ready at each of its
+    cycles into one all-reduce (`traffic.horovod_cycles`), each paying
+    the transport's cost per call, which on a link of more latency is
+    several round trips (negotiation, the ring's two phases): a step pays
+    it once per fused all-reduce, not once for the list. Each costs what
+    the ring fitted on the sweeps says, scaled so that the step's buckets
+    all ready at once take what they took timed alone (`alone`, the
+    calibration's); during the backward pass at `BUSY_CORE_SHARE` of
+    that speed.
+    """
+    buckets = gradients.buckets(knobs.pack_bytes)
+    cycle = traffic.HOROVOD_CPU_CYCLE_MS / 1e3
+    fusion = traffic.HOROVOD_FUSION_BYTES
+
+    def seconds(nbytes):
+        return fit(nbytes, 2)
+
+    at_once = traffic.horovod_cycles(
+        [(0.0, n) for n, _ in buckets], cycle, seconds, fusion_bytes=fusion
+    )
+    scale = alone / at_once
+    done = traffic.horovod_cycles(
+        [(ready * backward, n) for n, ready in buckets], cycle,
+        lambda nbytes: scale * seconds(nbytes), backward, BUSY_CORE_SHARE,
+        fusion,
+    )  # fmt: skip
+    return max(0.0, done - backward)
+
+
+def holding_seconds(result, flags, two):
+    """A row's 2-node step with what the emulated latency's holding costs.
+
+    The delayers hold the packets on the machine's two cores, which the
+    nodes' computation loses (`network_worker.holding_probe`, in the
+    calibration): both delayers' CPU time per second, idle, and per byte
+    all-reduced. A step of `two` seconds that sends `bytes` loses half of
+    theirs (two cores): `two' = two + (idle two' + per_byte bytes) / 2`.
+    Without added latency (no delayers), `two`.
+    """
+    engine = registry.get(flags["distribution"])
+    probe = result.get("holding", {}).get(transport_of(flags))
+    if not probe:
+        return two
+    if engine.traffic is traffic.ALL_REDUCE_EVERY:
+        nbytes = result["state_bytes"] / flags.get("average_every", 1)
+    else:
+        nbytes = result["gradient_bytes"]
+    lost = probe["cpu_per_byte"] * nbytes / 2
+    return (two + lost) / (1 - probe["idle_cpu_per_s"] / 2)
 
 
 def predict_row(result, row, one, gradients, unshaped=None):
@@ -241,7 +301,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
         cpu = communication_cpu(
             cpu_fits_of(result)[transport], knobs, gradients
         )
-    return step + cpu, cpu
+    return holding_seconds(result, flags, step + cpu), cpu
 
 
 def asynchronous(row):
@@ -312,6 +372,7 @@ def prediction_inputs(result, known, best):
         },
         "cpu_fits": cpu_fits_of(result),
         "step_all_reduces_s": result["step_all_reduces_s"],
+        "holding": result.get("holding", {}),
         "busy_core_share": BUSY_CORE_SHARE,
         "best_single_node": {"step_s": best[0][0], "row": best[0][1]}
         if best

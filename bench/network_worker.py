@@ -188,6 +188,10 @@ def side_measurements(spec, mode, run, config):
         result["communication_s"] = communication_alone(
             mode, run.model, fp16=fp16
         )
+        if spec.get("delayer_pids"):
+            result["holding"] = holding_probe(
+                mode, run.model, spec["delayer_pids"], fp16
+            )
         if spec.get("communication_alone") and mode_is_horovod(mode):
             result["compute_s"] = compute_alone(
                 mode, run.model, run.optimizer, config, run.iterator, spec
@@ -198,6 +202,48 @@ def side_measurements(spec, mode, run, config):
             mode, spec["sweep"], spec["sweep_repeats"], fp16
         )
     return result
+
+
+# How long `holding_probe` leaves the transport idle, and how many of a
+# step's all-reduces it sends: the delayers' CPU time is read in clock
+# ticks (10 ms), so each window holds several of them.
+IDLE_PROBE_S = 3.0
+PROBE_REPEATS = 5
+
+
+def holding_probe(mode, model, delayer_pids, fp16=False):
+    """What the emulated latency's delayers cost a 2-node job's cores.
+
+    Each node's delayer holds the packets it receives (`emulated_cluster`'s
+    `delay`), on the machine's cores, which the nodes' computation loses,
+    which on a real network it does not. Read from the delayers' CPU time,
+    before any row's jobs: while the transport idles (Horovod's background
+    thread still negotiates every cycle) and while it sends a step's
+    all-reduces, so that a row's holding is predicted from its bytes and
+    its step (`network_predict.holding_seconds`).
+
+    Returns:
+      `{"idle_cpu_per_s", "cpu_per_byte"}`: both delayers' CPU seconds per
+      second idle, and per gradient byte all-reduced beyond that.
+    """
+    sessions = {str(pid): pid for pid in delayer_pids}
+
+    def holding():
+        return sum(cpu_seconds(sessions).values())
+
+    # Both nodes idle here: they have just ended the same all-reduces.
+    held, start = holding(), time.perf_counter()
+    time.sleep(IDLE_PROBE_S)
+    idle_rate = (holding() - held) / (time.perf_counter() - start)
+    held, start = holding(), time.perf_counter()
+    communication_alone(mode, model, PROBE_REPEATS, fp16)
+    seconds = time.perf_counter() - start
+    # Its all-reduces: one untimed before the repeats, then the repeats.
+    sent = (PROBE_REPEATS + 1) * sum(
+        int(v.shape.num_elements()) * 4 for v in model.trainable_variables
+    )
+    per_byte = (holding() - held - idle_rate * seconds) / sent
+    return {"idle_cpu_per_s": idle_rate, "cpu_per_byte": max(0.0, per_byte)}
 
 
 def mode_is_horovod(mode):

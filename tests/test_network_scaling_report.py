@@ -19,7 +19,7 @@ import network_predict  # noqa: E402
 import network_report  # noqa: E402
 import scaling_score  # noqa: E402
 
-from tf_resnet import traffic  # noqa: E402
+from tf_resnet import scaling, traffic  # noqa: E402
 
 
 def _row(name, ones, twos, threads=2, **flags):
@@ -220,20 +220,51 @@ def test_one_all_reduce_after_the_step_adds_its_time_alone():
     assert (step, cpu) == (pytest.approx(0.300 + 0.250), 0.0)
 
 
-def test_an_overlapped_step_hides_what_a_busy_core_lets_through(monkeypatch):
+def test_horovods_cycles_fuse_the_buckets_and_each_pays_its_call(
+    monkeypatch,
+):
+    # A call costs 10 ms, a MiB 50 ms: the step's two 2 MiB buckets,
+    # fused into one all-reduce when both are ready at once, take 210 ms.
+    fit = scaling.RingFit(0.010, 0.0, 2**20 / 0.050)
+    monkeypatch.setattr(network_predict, "fits_of", lambda r: {
+        "horovod": fit})  # fmt: skip
     monkeypatch.setattr(network_predict, "cpu_fits_of", lambda r: {
         "horovod": NO_CPU})  # fmt: skip
+    step, _ = _predict(_calibration(alone=0.210 + 0.010))
+    # The backward pass is 200 ms. The first bucket is ready at 100 ms and
+    # goes alone (110 ms alone), at 2/3 of its speed until 200 ms: through
+    # at 243 ms; the second, ready at 200 ms, waits for it: 353 ms. Then
+    # the metrics.
+    first = 0.100 + 0.100 + (0.110 - 0.100 * network_predict.BUSY_CORE_SHARE)
+    assert step == pytest.approx(0.300 + first + 0.110 - 0.200 + 0.010)
+    # Timed alone twice as long: each all-reduce twice the fit's.
+    slow, _ = _predict(_calibration(alone=0.420 + 0.010))
+    first = 0.100 + 0.100 + (0.220 - 0.100 * network_predict.BUSY_CORE_SHARE)
+    assert slow == pytest.approx(0.300 + first + 0.220 - 0.200 + 0.010)
+    # Accumulating 4, the last micro-batch's backward pass (50 ms) hides
+    # less: the first bucket goes at 25 ms, at 2/3 until 50 ms.
+    step, _ = _predict(_calibration(alone=0.220), accumulate_steps=4)
+    first = 0.025 + 0.025 + (0.110 - 0.025 * network_predict.BUSY_CORE_SHARE)
+    assert step == pytest.approx(0.300 + first + 0.110 - 0.050 + 0.010)
+
+
+def test_the_delayers_holding_slows_a_step_by_its_bytes_and_its_length():
+    flags = {"distribution": "horovod"}
     result = _calibration(alone=0.250)
-    backward = traffic.BACKWARD_SHARE * 0.300
-    hidden = network_predict.BUSY_CORE_SHARE * backward * 0.5
-    step, _ = _predict(result)
-    assert step == pytest.approx(0.300 + 0.250 - hidden)
-    # An all-reduce shorter than what hides leaves the metrics' exposed.
-    step, _ = _predict(_calibration(alone=0.050))
-    assert step == pytest.approx(0.300 + 0.010)
-    # Accumulating 4 (0.300 s an update), the last micro-batch hides them.
-    step, _ = _predict(result, accumulate_steps=4)
-    assert step == pytest.approx(0.300 + 0.250 - hidden / 4)
+    result["gradient_bytes"] = 8 * 2**20
+    # No latency added, no delayers: nothing.
+    assert network_predict.holding_seconds(result, flags, 0.5) == 0.5
+    # Both delayers take 4% of a core idle and 10 ms a MiB: of a 0.5 s
+    # step sending 8 MiB, a node loses half of 2% of its step and 80 ms.
+    result["holding"] = {
+        "horovod": {"idle_cpu_per_s": 0.04, "cpu_per_byte": 0.010 / 2**20}
+    }
+    two = network_predict.holding_seconds(result, flags, 0.5)
+    assert two == pytest.approx(0.5 + (0.04 * two + 0.080) / 2)
+    # averaging every 4 sends its state (8 MiB) once in four steps.
+    averaging = {"distribution": "averaging", "average_every": 4}
+    two = network_predict.holding_seconds(result, averaging, 0.5)
+    assert two == pytest.approx(0.5 + (0.04 * two + 0.020) / 2)
 
 
 def test_averaging_pays_its_state_every_period_and_its_metrics_each_step():

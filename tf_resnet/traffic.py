@@ -183,31 +183,71 @@ class Knobs:
 # The backward pass is about two thirds of a step (twice the forward).
 BACKWARD_SHARE = 2 / 3
 
+# Horovod's cycle on CPU-only machines, as `horovod_ranks.set_cycle_time`
+# sets it (on GPUs Horovod's own: `registry.Transport.cycle_ms`).
+HOROVOD_CPU_CYCLE_MS = 5.0
+# The most one fused all-reduce of Horovod 0.28.1 holds by default
+# (HOROVOD_FUSION_THRESHOLD).
+HOROVOD_FUSION_BYTES = 64 * 2**20
+
 
 def fused_by_cycles(gradients, backward, cycle, cluster, compression=1.0):
     """When Horovod's fused all-reduces of one backward pass are through.
 
-    Horovod's background thread wakes every `cycle` seconds and fuses
-    every tensor (or group) that is ready into one all-reduce; while one
-    is on the link, the next ones wait and are fused together at the
-    first cycle after it. So the all-reduces are few and large where the
-    link is the bottleneck, and small and many where it is not. Each
-    tensor is ready at its `Gradients.ready` share of `backward` seconds.
+    Each tensor is ready at its `Gradients.ready` share of `backward`
+    seconds, and fused by `horovod_cycles` into all-reduces of `cluster`.
     """
     pending = sorted(
         (ready * backward, size)
         for size, ready in zip(gradients.sizes, gradients.ready, strict=True)
         if size is not None
     )
+    return horovod_cycles(
+        pending, cycle,
+        lambda nbytes: all_reduce_seconds(nbytes * compression, cluster),
+    )  # fmt: skip
+
+
+def horovod_cycles(
+    pending, cycle, seconds, busy_until=0.0, share=1.0, fusion_bytes=math.inf
+):
+    """When Horovod's fused all-reduces of `pending` tensors are through.
+
+    Horovod's background thread wakes every `cycle` seconds and fuses
+    every tensor (or group) that is ready into one all-reduce, of up to
+    `fusion_bytes`; while one is on the link, the next ones wait and are
+    fused together at the first cycle after it. So the all-reduces are
+    few and large where the link or each call's round trips are the
+    bottleneck, and small and many where they are not.
+
+    Args:
+      pending: `[(seconds when ready, bytes), ...]`, sorted.
+      cycle: Horovod's cycle, seconds.
+      seconds: `bytes -> seconds` of one all-reduce alone.
+      busy_until: until then the all-reduces run at `share` of their speed
+        (a node whose one core also computes the backward pass; a GPU's
+        CPU does not, and keeps 1).
+      share: as above.
+      fusion_bytes: HOROVOD_FUSION_THRESHOLD.
+    """
     done, index = 0.0, 0
     while index < len(pending):
         first = pending[index][0]
         start = max(done, math.ceil(first / cycle) * cycle)
         nbytes = 0
-        while index < len(pending) and pending[index][0] <= start:
+        while (
+            index < len(pending)
+            and pending[index][0] <= start
+            and (not nbytes or nbytes + pending[index][1] <= fusion_bytes)
+        ):
             nbytes += pending[index][1]
             index += 1
-        done = start + all_reduce_seconds(nbytes * compression, cluster)
+        alone = seconds(nbytes)
+        slowed = max(0.0, busy_until - start)  # Its time at `share`.
+        if alone <= share * slowed:
+            done = start + alone / share
+        else:
+            done = start + slowed + alone - share * slowed
     return done
 
 

@@ -63,7 +63,7 @@ def average_in_place(variables):
 
 
 def set_cycle_time():
-    """A 5 ms Horovod cycle on CPU-only machines (before `hvd.init`).
+    """A longer Horovod cycle on CPU-only machines (before `hvd.init`).
 
     Horovod's background thread wakes every HOROVOD_CYCLE_TIME ms; at its
     1 ms default it takes CPU from ranks that share the cores (measured in
@@ -72,7 +72,9 @@ def set_cycle_time():
     --cycle-time-ms` (the same variable) still wins.
     """
     if not tf.config.list_physical_devices("GPU"):
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+        os.environ.setdefault(
+            "HOROVOD_CYCLE_TIME", f"{traffic.HOROVOD_CPU_CYCLE_MS:g}"
+        )
 
 
 def set_fusion_threshold(pack_bytes):
