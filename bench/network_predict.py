@@ -232,15 +232,17 @@ def horovod_exposed(fit, knobs, gradients, backward, alone):
     return max(0.0, done - backward)
 
 
-def holding_seconds(result, flags, two):
+def holding_seconds(result, flags, two, one):
     """A row's 2-node step with what the emulated latency's holding costs.
 
-    The delayers hold the packets on the machine's two cores, which the
-    nodes' computation loses (`network_worker.holding_probe`, in the
-    calibration): both delayers' CPU time per second, idle, and per byte
-    all-reduced. A step of `two` seconds that sends `bytes` loses half of
-    theirs (two cores): `two' = two + (idle two' + per_byte bytes) / 2`.
-    Without added latency (no delayers), `two`.
+    The delayers hold the packets on the machine's two cores
+    (`network_worker.holding_probe`, in the calibration: both delayers'
+    CPU time per second, idle, and per byte all-reduced). A step of `two`
+    seconds that sends `nbytes` costs them `idle two + per_byte nbytes`,
+    half of it on each node's core; what lands while a node waits for the
+    link costs it nothing, so a node loses the share of it that lands
+    while it computes (`one` of the `two` seconds). Without added latency
+    (no delayers), `two`.
     """
     engine = registry.get(flags["distribution"])
     probe = result.get("holding", {}).get(transport_of(flags))
@@ -250,8 +252,8 @@ def holding_seconds(result, flags, two):
         nbytes = result["state_bytes"] / flags.get("average_every", 1)
     else:
         nbytes = result["gradient_bytes"]
-    lost = probe["cpu_per_byte"] * nbytes / 2
-    return (two + lost) / (1 - probe["idle_cpu_per_s"] / 2)
+    held = probe["idle_cpu_per_s"] * two + probe["cpu_per_byte"] * nbytes
+    return two + held / 2 * min(1.0, one / two)
 
 
 def predict_row(result, row, one, gradients, unshaped=None):
@@ -301,7 +303,7 @@ def predict_row(result, row, one, gradients, unshaped=None):
         cpu = communication_cpu(
             cpu_fits_of(result)[transport], knobs, gradients
         )
-    return holding_seconds(result, flags, step + cpu), cpu
+    return holding_seconds(result, flags, step + cpu, one), cpu
 
 
 def asynchronous(row):

@@ -363,6 +363,11 @@ def report_holding(result, cores):
     ]
     if not shares:
         return []
+    probes = [
+        f"{transport} {100 * probe['idle_cpu_per_s']:.1f}% of a core idle "
+        f"and {1e3 * probe['cpu_per_byte'] * 2**20:.2f} ms a MiB all-reduced"
+        for transport, probe in result.get("holding", {}).items()
+    ]
     return [
         "",
         "Holding the packets (the links' latency): the delayers' CPU time "
@@ -370,7 +375,13 @@ def report_holding(result, cores):
         " cores (the kernel's work for them in; taken from the nodes' "
         "computation, which on a real network it is not): "
         + "; ".join(shares)
-        + ".",
+        + "."
+        + (
+            " The predictions add what the calibration's probe measured "
+            "before the jobs, both delayers: " + "; ".join(probes) + "."
+            if probes
+            else ""
+        ),
     ]
 
 

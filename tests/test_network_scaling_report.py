@@ -248,23 +248,24 @@ def test_horovods_cycles_fuse_the_buckets_and_each_pays_its_call(
     assert step == pytest.approx(0.300 + first + 0.110 - 0.050 + 0.010)
 
 
-def test_the_delayers_holding_slows_a_step_by_its_bytes_and_its_length():
+def test_the_delayers_holding_slows_a_node_while_it_computes():
     flags = {"distribution": "horovod"}
     result = _calibration(alone=0.250)
     result["gradient_bytes"] = 8 * 2**20
     # No latency added, no delayers: nothing.
-    assert network_predict.holding_seconds(result, flags, 0.5) == 0.5
-    # Both delayers take 4% of a core idle and 10 ms a MiB: of a 0.5 s
-    # step sending 8 MiB, a node loses half of 2% of its step and 80 ms.
+    assert network_predict.holding_seconds(result, flags, 0.5, 0.3) == 0.5
+    # Both delayers take 4% of a core idle and 10 ms a MiB: a 0.5 s step
+    # sending 8 MiB costs them 20 + 80 ms, a node half of it, of which
+    # what lands in the 0.3 s it computes (3/5) slows it.
     result["holding"] = {
         "horovod": {"idle_cpu_per_s": 0.04, "cpu_per_byte": 0.010 / 2**20}
     }
-    two = network_predict.holding_seconds(result, flags, 0.5)
-    assert two == pytest.approx(0.5 + (0.04 * two + 0.080) / 2)
+    two = network_predict.holding_seconds(result, flags, 0.5, 0.3)
+    assert two == pytest.approx(0.5 + 0.100 / 2 * 3 / 5)
     # averaging every 4 sends its state (8 MiB) once in four steps.
     averaging = {"distribution": "averaging", "average_every": 4}
-    two = network_predict.holding_seconds(result, averaging, 0.5)
-    assert two == pytest.approx(0.5 + (0.04 * two + 0.020) / 2)
+    two = network_predict.holding_seconds(result, averaging, 0.5, 0.3)
+    assert two == pytest.approx(0.5 + 0.040 / 2 * 3 / 5)
 
 
 def test_averaging_pays_its_state_every_period_and_its_metrics_each_step():
@@ -290,3 +291,17 @@ def test_rows_that_send_otherwise_than_the_calibration_use_the_ring_fit():
     assert basis(all_reduce_pack_bytes=2**22, accumulate_steps=4) == (
         "ring fit"
     )
+
+
+def test_the_report_gives_the_holding_measured_and_the_probe_predicted():
+    result = {
+        "rows": [{"name": "horovod",
+                  "2": {"holding_cpu_s": [1.0, 2.0], "wall_s": [50.0, 50.0]}}],
+        "holding": {"horovod": {"idle_cpu_per_s": 0.02,
+                                "cpu_per_byte": 0.005 / 2**20}},
+    }  # fmt: skip
+    text = " ".join(network_report.report_holding(result, cores=2))
+    assert "horovod 1.0%, 2.0%." in text
+    assert "horovod 2.0% of a core idle and 5.00 ms a MiB" in text
+    # Without added latency, nothing.
+    assert network_report.report_holding({"rows": [{"2": {}}]}, 2) == []
