@@ -1,8 +1,9 @@
 """network_scaling's predictions of each 2-node step, before its jobs.
 
 From what is known before a round's 2-node jobs (the calibration's link,
-all-reduce sweeps and a step's all-reduces timed alone, the round's
-1-node jobs, the model's layer table), `predict_row` predicts every
+all-reduce sweeps and a step's all-reduces timed alone, with added
+latency the delayers' holding, the round's 1-node jobs, the model's
+layer table), `predict_row` predicts every
 row's 2-node step; `PredictionsFile` writes each round's predictions,
 hashed, before the jobs they are scored against start.
 """
@@ -170,11 +171,12 @@ def step_from_calibration(result, flags, one, knobs, gradients):
     """A synchronous row's 2-node step from its calibrated all-reduces.
 
     Not overlapped, the step is the 1-node step and then its
-    all-reduces, as timed alone. Overlapped, they start as the first
-    bucket is ready and run at `BUSY_CORE_SHARE` of their speed until
-    the backward pass ends; the metrics' all-reduce waits for the step's
-    end; accumulating, only the last micro-batch's backward pass hides
-    them (`train_loop`). averaging: its metrics each step, its state
+    all-reduces, as timed alone. Overlapped, Horovod's through its
+    cycles (`horovod_exposed`); others start as the first bucket is
+    ready and run at `BUSY_CORE_SHARE` of their speed until the backward
+    pass ends. The metrics' all-reduce waits for the step's end;
+    accumulating, only the last micro-batch's backward pass hides them
+    (`train_loop`). averaging: its metrics each step, its state
     every `average_every`. Without the communication's CPU time, which
     `predict_row` adds to every basis alike.
     """
